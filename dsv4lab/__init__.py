@@ -1,0 +1,16 @@
+"""dsv4lab: replay the DeepSeek-V4-Flash decode kernel campaign, step by step.
+
+Importing this package first decides the mode (CUDA GPU or Triton's CPU
+interpreter) and sets TRITON_INTERPRET before anything imports triton.
+"""
+from .device import configure as _configure
+
+_configure()
+
+from . import cache, config, device, reference  # noqa: E402
+from .api import impls, indexer_logits, indexer_topk, sparse_decode  # noqa: E402
+from .config import DSV4_FLASH, shapes  # noqa: E402
+
+__all__ = ["cache", "config", "device", "reference", "impls", "sparse_decode",
+           "indexer_logits", "indexer_topk", "DSV4_FLASH", "shapes"]
+__version__ = "0.1.0"

@@ -1,0 +1,65 @@
+"""Command line: ``python -m dsv4lab info | bench decode ... | record --out DIR``."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import dsv4lab  # noqa: F401  (sets the mode before triton is imported)
+
+
+def _info(args):
+    from . import bench, device
+    env = bench.environment()
+    env["ceilings"] = device.ceilings().as_dict()
+    env["interpreter_traps"] = device.INTERPRETER_TRAPS if device.is_interpret() else "n/a (cuda mode)"
+    print(json.dumps(env, indent=1, default=str))
+
+
+def _bench_decode(args):
+    from . import bench
+    from .testing import make_decode_inputs
+    import pandas as pd
+    rows = []
+    for B in args.batch:
+        inp = make_decode_inputs(B, args.heads, args.topk, context=args.context, page_size=args.page_size, seed=B)
+        base = None
+        for impl in args.impl:
+            row = bench.decode_row(impl, inp, graph=not args.no_graph, baseline_us=base)
+            base = base or row.get("graph_us", row.get("eager_us"))
+            rows.append(row)
+    df = pd.DataFrame(rows)
+    cols = [c for c in ["impl", "B", "eager_us", "graph_us", "speedup_vs_baseline", "served_tb_s",
+                        "floor_tb_s", "tflops", "bw_share", "mma_share"] if c in df]
+    print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    if args.json:
+        bench.save(args.json, {**bench.environment(), "rows": rows})
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m dsv4lab")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("info", help="mode, device, versions and ceilings").set_defaults(fn=_info)
+    pb = sub.add_parser("bench", help="time kernels (GPU)")
+    bsub = pb.add_subparsers(dest="what", required=True)
+    pd_ = bsub.add_parser("decode", help="sparse decode: time vs B, bytes, FLOP/s")
+    pd_.add_argument("--impl", nargs="+", default=["simt", "sglang", "mma", "splitk", "auto"],
+                     help="first one is the baseline for speedups")
+    pd_.add_argument("--batch", nargs="+", type=int, default=[1, 4, 16, 32, 64, 128])
+    pd_.add_argument("--heads", type=int, default=64)
+    pd_.add_argument("--topk", type=int, default=512)
+    pd_.add_argument("--context", type=int, default=8192)
+    pd_.add_argument("--page-size", type=int, default=64)
+    pd_.add_argument("--no-graph", action="store_true", help="eager launches only")
+    pd_.add_argument("--json", help="write the rows here")
+    pd_.set_defaults(fn=_bench_decode)
+    pr = sub.add_parser("record", help="the full recorded GPU run (checks, decode, tiles, split)")
+    pr.add_argument("--out", required=True)
+    pr.add_argument("--only", nargs="+", choices=["checks", "decode", "tiles", "split"])
+    pr.set_defaults(fn=lambda a: __import__("dsv4lab.record", fromlist=["main"]).main(a.out, a.only))
+    args = p.parse_args(argv)
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

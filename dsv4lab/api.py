@@ -1,0 +1,175 @@
+"""The lab's entry points: argument checks, then dispatch on ``impl``.
+
+Every implementation of a stage registers itself here with :func:`register`;
+the checks live once, in this file, so a kernel never sees a bad argument and
+a user never gets a crash deep inside Triton. Checks that read device data
+(index range, topk_len range) are skipped while a CUDA graph is being captured,
+because they would need a host sync; shapes, dtypes and devices are always checked.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from . import reference
+from .cache import HEAD_DIM, INDEX_DIM, IndexKCache, KVCache
+
+_IMPLS: dict[str, dict[str, Callable]] = {"sparse_decode": {}, "indexer_logits": {}, "indexer_topk": {}}
+
+
+def register(op: str, name: str):
+    def deco(fn):
+        _IMPLS[op][name] = fn
+        return fn
+    return deco
+
+
+def impls(op: str = "sparse_decode") -> list[str]:
+    """Names accepted by ``impl=`` for ``op``."""
+    _load_kernels()
+    return sorted(_IMPLS[op])
+
+
+def _load_kernels():
+    from . import kernels  # noqa: F401  (importing registers the implementations)
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _tensor(name, x, *, dim=None, dtypes=None, device=None, shape=None):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if dim is not None and x.dim() != dim:
+        raise ValueError(f"{name} must be {dim}-D, got shape {list(x.shape)}")
+    if shape is not None:
+        for i, (got, want) in enumerate(zip(x.shape, shape)):
+            if want is not None and got != want:
+                raise ValueError(f"{name} must have shape {['*' if s is None else s for s in shape]}, "
+                                 f"got {list(x.shape)} (dim {i})")
+    if dtypes is not None and x.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {x.dtype}")
+    if device is not None and x.device != device:
+        raise ValueError(f"{name} must be on {device} (the cache's device), got {x.device}")
+
+
+_FLOATS = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def check_sparse_decode_args(q, cache, indices, topk_len, sm_scale, attn_sink):
+    if not isinstance(cache, KVCache):
+        raise TypeError(f"cache must be a dsv4lab.cache.KVCache (from pack_kv), got {type(cache).__name__}")
+    dev = cache.device
+    _tensor("q", q, dim=3, dtypes=_FLOATS, device=dev)
+    B, H, D = q.shape
+    if D != HEAD_DIM:
+        raise ValueError(f"q must have shape [B, H, {HEAD_DIM}], got {list(q.shape)}")
+    if B < 1 or H < 1:
+        raise ValueError(f"q must have B >= 1 and H >= 1, got {list(q.shape)}")
+    _tensor("indices", indices, dim=2, dtypes=(torch.int32,), device=dev, shape=(B, None))
+    K = indices.shape[1]
+    if K < 1:
+        raise ValueError("indices must have at least one column (K >= 1)")
+    if topk_len is not None:
+        _tensor("topk_len", topk_len, dim=1, dtypes=(torch.int32,), device=dev, shape=(B,))
+    if attn_sink is not None:
+        _tensor("attn_sink", attn_sink, dim=1, dtypes=_FLOATS, device=dev, shape=(H,))
+    if sm_scale is not None and not (isinstance(sm_scale, (int, float)) and sm_scale > 0):
+        raise ValueError(f"sm_scale must be a positive float, got {sm_scale!r}")
+    if not _capturing(q):
+        if int(indices.max()) >= cache.num_tokens:
+            raise ValueError(f"indices must be < cache.num_tokens ({cache.num_tokens}) or < 0 for "
+                             f"padding; got max {int(indices.max())}")
+        if topk_len is not None and (int(topk_len.min()) < 0 or int(topk_len.max()) > K):
+            raise ValueError(f"topk_len must lie in [0, K={K}], got range "
+                             f"[{int(topk_len.min())}, {int(topk_len.max())}]")
+
+
+def _pick(op, impl):
+    _load_kernels()
+    table = _IMPLS[op]
+    if impl not in table:
+        raise ValueError(f"impl must be one of {sorted(table)}, got {impl!r}")
+    return table[impl]
+
+
+def sparse_decode(q, cache, indices, *, topk_len=None, sm_scale=None, attn_sink=None,
+                  impl: str = "reference"):
+    """Sparse MLA decode: (out bf16 [B,H,512], lse float32 [B,H]).
+
+    ``impl`` names the implementation (see ``dsv4lab.impls()``); all share the
+    semantics of :func:`dsv4lab.reference.sparse_decode`.
+    """
+    fn = _pick("sparse_decode", impl)
+    check_sparse_decode_args(q, cache, indices, topk_len, sm_scale, attn_sink)
+    if sm_scale is None:
+        sm_scale = HEAD_DIM ** -0.5
+    return fn(q, cache, indices, topk_len=topk_len, sm_scale=float(sm_scale), attn_sink=attn_sink)
+
+
+@register("sparse_decode", "reference")
+def _sparse_decode_reference(q, cache, indices, *, topk_len, sm_scale, attn_sink):
+    out, lse = reference.sparse_decode(q, cache, indices, topk_len, sm_scale, attn_sink)
+    return out.to(torch.bfloat16), lse
+
+
+def check_indexer_args(q, index_cache, weights, seq_lens, page_table, max_seq_len):
+    if not isinstance(index_cache, IndexKCache):
+        raise TypeError(f"index_cache must be a dsv4lab.cache.IndexKCache (from pack_index_k), "
+                        f"got {type(index_cache).__name__}")
+    dev = index_cache.device
+    _tensor("q", q, dim=3, dtypes=_FLOATS, device=dev)
+    B, Hi, D = q.shape
+    if D != INDEX_DIM:
+        raise ValueError(f"q must have shape [B, H_i, {INDEX_DIM}], got {list(q.shape)}")
+    _tensor("weights", weights, dim=2, dtypes=_FLOATS, device=dev, shape=(B, Hi))
+    _tensor("seq_lens", seq_lens, dim=1, dtypes=(torch.int32,), device=dev, shape=(B,))
+    _tensor("page_table", page_table, dim=2, dtypes=(torch.int32,), device=dev, shape=(B, None))
+    if not isinstance(max_seq_len, int) or max_seq_len < 1:
+        raise ValueError(f"max_seq_len must be a positive int, got {max_seq_len!r}")
+    ps = index_cache.page_size
+    if page_table.shape[1] * ps < max_seq_len:
+        raise ValueError(f"page_table must have at least ceil(max_seq_len/{ps}) = {-(-max_seq_len // ps)} "
+                         f"columns, got {page_table.shape[1]}")
+    if not _capturing(q):
+        if int(seq_lens.min()) < 0 or int(seq_lens.max()) > max_seq_len:
+            raise ValueError(f"seq_lens must lie in [0, max_seq_len={max_seq_len}], got range "
+                             f"[{int(seq_lens.min())}, {int(seq_lens.max())}]")
+        live_pages = (seq_lens.long() + ps - 1) // ps
+        live = torch.arange(page_table.shape[1], device=dev)[None, :] < live_pages[:, None]
+        bad = live & ((page_table < 0) | (page_table >= index_cache.num_pages))
+        if bool(bad.any()):
+            b, p = [int(v) for v in bad.nonzero()[0]]
+            raise ValueError(f"page_table[{b}, {p}] = {int(page_table[b, p])} is a live page of request {b} "
+                             f"and must lie in [0, {index_cache.num_pages})")
+
+
+def indexer_logits(q, index_cache, weights, seq_lens, page_table, *, max_seq_len: int,
+                   impl: str = "reference"):
+    """Lightning-indexer logits float32 [B, max_seq_len] (-inf past each seq_len)."""
+    fn = _pick("indexer_logits", impl)
+    check_indexer_args(q, index_cache, weights, seq_lens, page_table, max_seq_len)
+    return fn(q, index_cache, weights, seq_lens, page_table, max_seq_len=max_seq_len)
+
+
+@register("indexer_logits", "reference")
+def _indexer_logits_reference(q, index_cache, weights, seq_lens, page_table, *, max_seq_len):
+    return reference.indexer_logits(q, index_cache, weights, seq_lens, page_table, max_seq_len)
+
+
+def indexer_topk(q, index_cache, weights, seq_lens, page_table, *, max_seq_len: int, topk: int = 512,
+                 impl: str = "reference"):
+    """Top-k token positions int32 [B, topk] of the indexer logits, -1 padded."""
+    fn = _pick("indexer_topk", impl)
+    check_indexer_args(q, index_cache, weights, seq_lens, page_table, max_seq_len)
+    if not isinstance(topk, int) or topk < 1:
+        raise ValueError(f"topk must be a positive int, got {topk!r}")
+    return fn(q, index_cache, weights, seq_lens, page_table, max_seq_len=max_seq_len, topk=topk)
+
+
+@register("indexer_topk", "reference")
+def _indexer_topk_reference(q, index_cache, weights, seq_lens, page_table, *, max_seq_len, topk):
+    logits = reference.indexer_logits(q, index_cache, weights, seq_lens, page_table, max_seq_len)
+    return reference.topk_indices(logits, topk)

@@ -1,0 +1,97 @@
+"""Timing on the GPU: do_bench medians, eager and CUDA-graph replay, and the
+decode benchmark table that notebooks and recorded runs share.
+
+Timings are only taken in cuda mode; the interpreter has no clock worth reading.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+
+import torch
+
+from . import api, roofline
+from .device import ceilings, info, mode
+
+
+def capture(fn):
+    """Capture ``fn()`` in a CUDA graph (after warm-up on a side stream); return (graph, result)."""
+    fn()
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        res = fn()
+    torch.cuda.synchronize()
+    return g, res
+
+
+def time_ms(fn, *, graph=False, warmup=25, rep=100) -> float:
+    """Median milliseconds of ``fn`` (do_bench: L2 flushed between runs, CUDA events)."""
+    if mode() != "cuda":
+        raise RuntimeError("timings need a CUDA GPU; in interpret mode read the recorded runs in data/runs/")
+    from triton.testing import do_bench
+    if graph:
+        g, _ = capture(fn)
+        fn = g.replay
+    return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def heads_per_read(impl: str, H: int) -> int:
+    if impl in ("simt", "sglang"):
+        return 1
+    from .kernels.head_batched import tile_config
+    return min(H, tile_config(H).block_h)
+
+
+def decode_row(impl, inp, *, graph=True, eager=True, baseline_us=None, **kw) -> dict:
+    """Time one impl on one input set and derive bytes, FLOP/s and shares of the ceilings."""
+    B, H, _ = inp.q.shape
+    K = inp.indices.shape[1]
+    fn = lambda: api.sparse_decode(inp.q, inp.cache, inp.indices, impl=impl, **inp.kwargs(), **kw)  # noqa: E731
+    row = {"impl": impl, "B": B, "H": H, "K": K}
+    if eager:
+        row["eager_us"] = time_ms(fn) * 1e3
+    if graph:
+        row["graph_us"] = time_ms(fn, graph=True) * 1e3
+    us = row.get("graph_us", row.get("eager_us"))
+    served = roofline.decode_served_bytes(B, H, K, heads_per_read(impl, H))
+    floor = roofline.decode_floor_bytes(B, H, K)
+    flops = roofline.decode_flops(B, H, K)
+    c = ceilings()
+    row.update(served_bytes=served, floor_bytes=floor, flops=flops,
+               served_tb_s=served / (us * 1e-6) / 1e12, floor_tb_s=floor / (us * 1e-6) / 1e12,
+               tflops=flops / (us * 1e-6) / 1e12)
+    if c.copy_tb_s:
+        fl = roofline.floor_us(floor, flops, c.copy_tb_s, c.bf16_tflops)
+        row.update(floor_us=fl["floor_us"], bw_share=row["floor_tb_s"] / c.copy_tb_s,
+                   mma_share=row["tflops"] / c.bf16_tflops)
+    if baseline_us:
+        row["speedup_vs_baseline"] = baseline_us / us
+    return row
+
+
+def environment() -> dict:
+    """Device, versions and date: stamped into every recorded run."""
+    import triton
+    d = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+         "device": info().as_dict(), "python": platform.python_version(),
+         "torch": torch.__version__, "triton": triton.__version__}
+    try:
+        from .kernels import sglang_peer
+        d["sglang_file"] = sglang_peer.sglang_file()
+        d["sglang"] = sglang_peer.SGLANG_VERSION
+    except ImportError:
+        d["sglang"] = None
+    return d
+
+
+def save(path, payload: dict):
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1, default=str)

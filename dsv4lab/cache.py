@@ -1,0 +1,203 @@
+"""The DSv4 paged caches, byte for byte as SGLang 0.5.23 stores them.
+
+Main KV cache (``KVLayout.V4``), 584 bytes per token::
+
+    data  (576 B): 448 fp8 e4m3 "nope" values | 64 bf16 rope values (128 B)
+    scale (  8 B): 7 UE8M0 exponents, one per 64 nope values (scale = 2**(byte-127)) | 1 pad
+
+    page  = [page_size * 576 data | page_size * 8 scales | pad up to a multiple of 576]
+    page_bytes = ceil(page_size * 584 / 576) * 576
+
+Token ``t`` lives on page ``t // page_size``, slot ``t % page_size``.
+Quantization mirrors SGLang's ``_quant_k_cache_fused_kernel``: per 64-value
+tile, ``scale = 2**ceil(log2(max(amax, 1e-8) / 448))``, values clamped to
++-448 and cast to e4m3.
+
+Indexer K cache (DeepGEMM fused layout), 132 bytes per token, pages of 64::
+
+    page = [64 * 128 fp8 e4m3 values | 64 fp32 scales]   -> uint8 [num_pages, 64, 1, 132]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+NOPE_DIM, ROPE_DIM, HEAD_DIM = 448, 64, 512
+QUANT_TILE = 64
+NUM_SCALES = NOPE_DIM // QUANT_TILE          # 7
+DATA_BYTES = NOPE_DIM + 2 * ROPE_DIM         # 576
+SCALE_BYTES = NUM_SCALES + 1                 # 8
+TOKEN_BYTES = DATA_BYTES + SCALE_BYTES       # 584
+PAGE_ALIGN = 576                             # the reader's TMA row stride
+FP8_MAX = 448.0
+INDEX_DIM = 128
+INDEX_PAGE = 64
+INDEX_TOKEN_BYTES = INDEX_DIM + 4            # 132
+
+
+def page_bytes(page_size: int) -> int:
+    """Bytes one KV page occupies, padded to a multiple of 576."""
+    return -(-page_size * TOKEN_BYTES // PAGE_ALIGN) * PAGE_ALIGN
+
+
+def _check_tokens(name, x, width):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 2 or x.shape[1] != width:
+        raise ValueError(f"{name} must have shape [N, {width}], got {list(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating tensor, got {x.dtype}")
+    if x.shape[0] == 0:
+        raise ValueError(f"{name} must hold at least one token, got N=0")
+    if not torch.isfinite(x).all():
+        raise ValueError(f"{name} holds NaN or inf; the fp8 cache cannot store them")
+
+
+def _check_page_size(page_size):
+    if not isinstance(page_size, int) or page_size < 1:
+        raise ValueError(f"page_size must be a positive int, got {page_size!r}")
+
+
+def _check_token_ids(token_ids, num_tokens, name="token_ids"):
+    token_ids = torch.as_tensor(token_ids)
+    if token_ids.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} must be an integer tensor (int32/int64), got {token_ids.dtype}")
+    if token_ids.numel() and (token_ids.min() < 0 or token_ids.max() >= num_tokens):
+        raise ValueError(f"{name} must lie in [0, {num_tokens}), got range "
+                         f"[{int(token_ids.min())}, {int(token_ids.max())}]")
+    return token_ids.long()
+
+
+@dataclass
+class KVCache:
+    """A packed DSv4 main KV cache. ``buffer`` is uint8 [num_pages, page_bytes]."""
+    buffer: torch.Tensor
+    page_size: int
+    num_tokens: int
+
+    @property
+    def num_pages(self) -> int:
+        return self.buffer.shape[0]
+
+    @property
+    def page_bytes(self) -> int:
+        return self.buffer.shape[1]
+
+    @property
+    def k_cache(self) -> torch.Tensor:
+        """The float8_e4m3fn view SGLang's decode kernels take: [num_pages, page_size, 1, 584],
+        stride(0) = page_bytes (the same view SGLang's DSv4 backend builds)."""
+        return self.buffer[:, : self.page_size * TOKEN_BYTES].view(torch.float8_e4m3fn).view(
+            self.num_pages, self.page_size, 1, TOKEN_BYTES)
+
+    @property
+    def device(self) -> torch.device:
+        return self.buffer.device
+
+    def to(self, device) -> "KVCache":
+        return KVCache(self.buffer.to(device), self.page_size, self.num_tokens)
+
+    def __repr__(self):
+        return (f"KVCache(tokens={self.num_tokens}, page_size={self.page_size}, "
+                f"pages={self.num_pages}, page_bytes={self.page_bytes}, device={self.device})")
+
+
+def quantize_nope(nope: torch.Tensor):
+    """[N, 448] float -> (fp8 e4m3 [N, 448], UE8M0 exponent bytes uint8 [N, 7])."""
+    x = nope.float().reshape(-1, NUM_SCALES, QUANT_TILE)
+    amax = x.abs().amax(dim=-1).clamp_min(1e-8)
+    exp = torch.ceil(torch.log2(amax / FP8_MAX))
+    q = (x / torch.exp2(exp)[..., None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q.reshape(-1, NOPE_DIM), (exp + 127).to(torch.uint8)
+
+
+def pack_kv(kv: torch.Tensor, page_size: int = 64) -> KVCache:
+    """Quantize ``kv`` [N, 512] (row t = token t) into SGLang's DSv4 paged layout."""
+    _check_tokens("kv", kv, HEAD_DIM)
+    _check_page_size(page_size)
+    n = kv.shape[0]
+    num_pages = -(-n // page_size)
+    pb = page_bytes(page_size)
+    nope_fp8, scales = quantize_nope(kv[:, :NOPE_DIM])
+    rope = kv[:, NOPE_DIM:].to(torch.bfloat16).contiguous()
+
+    data = torch.zeros(num_pages * page_size, DATA_BYTES, dtype=torch.uint8, device=kv.device)
+    data[:n, :NOPE_DIM] = nope_fp8.view(torch.uint8)
+    data[:n, NOPE_DIM:] = rope.view(torch.uint8)
+    sc = torch.zeros(num_pages * page_size, SCALE_BYTES, dtype=torch.uint8, device=kv.device)
+    sc[:n, :NUM_SCALES] = scales
+    buf = torch.zeros(num_pages, pb, dtype=torch.uint8, device=kv.device)
+    buf[:, : page_size * DATA_BYTES] = data.view(num_pages, page_size * DATA_BYTES)
+    buf[:, page_size * DATA_BYTES: page_size * TOKEN_BYTES] = sc.view(num_pages, page_size * SCALE_BYTES)
+    return KVCache(buf, page_size, n)
+
+
+def dequant_kv(cache: KVCache, token_ids) -> torch.Tensor:
+    """Dequantized tokens: float32 [..., 512] for ``token_ids`` of any shape."""
+    ids = _check_token_ids(token_ids, cache.num_tokens).to(cache.device)
+    flat = ids.reshape(-1)
+    page, slot = flat // cache.page_size, flat % cache.page_size
+    ps = cache.page_size
+    data = cache.buffer[:, : ps * DATA_BYTES].reshape(cache.num_pages, ps, DATA_BYTES)[page, slot]
+    sc = cache.buffer[:, ps * DATA_BYTES: ps * TOKEN_BYTES].reshape(cache.num_pages, ps, SCALE_BYTES)[page, slot]
+    nope = data[:, :NOPE_DIM].contiguous().view(torch.float8_e4m3fn).float()
+    scale = torch.exp2(sc[:, :NUM_SCALES].float() - 127.0)
+    nope = (nope.reshape(-1, NUM_SCALES, QUANT_TILE) * scale[..., None]).reshape(-1, NOPE_DIM)
+    rope = data[:, NOPE_DIM:].contiguous().view(torch.bfloat16).float()
+    return torch.cat([nope, rope], dim=-1).reshape(*ids.shape, HEAD_DIM)
+
+
+@dataclass
+class IndexKCache:
+    """The indexer's fp8 K cache. ``kv`` is uint8 [num_pages, 64, 1, 132]."""
+    kv: torch.Tensor
+    num_tokens: int
+    page_size: int = INDEX_PAGE
+
+    @property
+    def num_pages(self) -> int:
+        return self.kv.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.kv.device
+
+    def to(self, device) -> "IndexKCache":
+        return IndexKCache(self.kv.to(device), self.num_tokens, self.page_size)
+
+    def __repr__(self):
+        return f"IndexKCache(tokens={self.num_tokens}, pages={self.num_pages}, device={self.device})"
+
+
+def pack_index_k(k: torch.Tensor, page_size: int = INDEX_PAGE) -> IndexKCache:
+    """Quantize ``k`` [N, 128] to fp8 e4m3 with one fp32 scale per token (amax / 448)."""
+    _check_tokens("k", k, INDEX_DIM)
+    if page_size != INDEX_PAGE:
+        raise ValueError(f"page_size must be {INDEX_PAGE} for the indexer cache (DeepGEMM layout), "
+                         f"got {page_size}")
+    n = k.shape[0]
+    num_pages = -(-n // page_size)
+    x = k.float()
+    scale = (x.abs().amax(dim=-1) / FP8_MAX).clamp_min(1e-10)
+    q = (x / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    vals = torch.zeros(num_pages * page_size, INDEX_DIM, dtype=torch.uint8, device=k.device)
+    vals[:n] = q.view(torch.uint8)
+    scales = torch.zeros(num_pages * page_size, dtype=torch.float32, device=k.device)
+    scales[:n] = scale
+    page = torch.cat([vals.view(num_pages, page_size * INDEX_DIM),
+                      scales.view(torch.uint8).view(num_pages, page_size * 4)], dim=1)
+    return IndexKCache(page.view(num_pages, page_size, 1, INDEX_TOKEN_BYTES), n, page_size)
+
+
+def dequant_index_k(cache: IndexKCache, token_ids) -> torch.Tensor:
+    """Dequantized indexer keys float32 [..., 128] for physical token ids (page * 64 + slot)."""
+    ids = _check_token_ids(token_ids, cache.num_pages * cache.page_size).to(cache.device)
+    flat = ids.reshape(-1)
+    ps = cache.page_size
+    pages = cache.kv.view(cache.num_pages, ps * INDEX_TOKEN_BYTES)
+    page, slot = flat // ps, flat % ps
+    vals = pages[:, : ps * INDEX_DIM].reshape(cache.num_pages, ps, INDEX_DIM)[page, slot]
+    sc = pages[:, ps * INDEX_DIM:].contiguous().view(torch.float32)[page, slot]
+    out = vals.contiguous().view(torch.float8_e4m3fn).float() * sc[:, None]
+    return out.reshape(*ids.shape, INDEX_DIM)

@@ -1,0 +1,5 @@
+"""Triton kernels, one module per campaign stage. Importing registers them with dsv4lab.api."""
+from . import sglang_peer  # noqa: F401
+from . import simt  # noqa: F401
+from . import head_batched  # noqa: F401
+from . import split_k  # noqa: F401

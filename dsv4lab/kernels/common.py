@@ -1,0 +1,74 @@
+"""What every decode kernel shares: reading a tile of tokens out of the DSv4 cache.
+
+The cache is one byte buffer seen through three typed views (fp8 for nope
+values, uint8 for UE8M0 scales, bf16 for rope), as in SGLang. ``gather_kv_tile``
+returns the BLOCK_N tokens named by ``tok`` as one dequantized [BLOCK_N, 512]
+fp32 tile whose columns are exactly the 512 model dims: 0..447 from fp8 * scale,
+448..511 from bf16 rope. So q . k is one 512-wide product; nothing is padded.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..cache import DATA_BYTES, HEAD_DIM, NOPE_DIM, SCALE_BYTES
+from ..device import is_interpret
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def gather_kv_tile(kv_fp8, kv_u8, kv_bf16, tok, valid, page_size, page_bytes,
+                   NOPE: tl.constexpr, D: tl.constexpr):
+    """tok [BLOCK_N] int token ids (any value where ~valid) -> fp32 [BLOCK_N, D]; invalid rows are 0."""
+    safe = tl.where(valid, tok, 0).to(tl.int64)
+    page = safe // page_size
+    slot = safe % page_size
+    data = page * page_bytes + slot * 576                         # token's data bytes
+    scl = page * page_bytes + page_size * 576 + slot * 8          # token's scale bytes
+    col = tl.arange(0, D)
+    is_nope = col < NOPE
+    m_nope = valid[:, None] & is_nope[None, :]
+    m_rope = valid[:, None] & (col >= NOPE)[None, :]
+    x = tl.load(kv_fp8 + data[:, None] + col[None, :], mask=m_nope, other=0.0).to(tl.float32)
+    e = tl.load(kv_u8 + scl[:, None] + (col // 64)[None, :], mask=m_nope, other=127)
+    x = x * tl.math.exp2(e.to(tl.float32) - 127.0)
+    r = tl.load(kv_bf16 + (data[:, None] + NOPE) // 2 + (col - NOPE)[None, :], mask=m_rope, other=0.0)
+    return tl.where(is_nope[None, :], x, r.to(tl.float32))
+
+
+def cache_views(cache):
+    """(fp8, uint8, bf16) flat views of the cache bytes, the kernel's three pointers."""
+    raw = cache.buffer.reshape(-1)
+    return raw.view(torch.float8_e4m3fn), raw, raw.view(torch.bfloat16)
+
+
+def dot_dtype():
+    """tl.dot operand type: bf16 on the GPU; fp32 in the interpreter, whose bf16 dot is wrong."""
+    return tl.float32 if is_interpret() else tl.bfloat16
+
+
+def out_dtype() -> torch.dtype:
+    """Kernels store bf16 on the GPU. The interpreter truncates fp32->bf16 casts (2x the
+    rounding error of the GPU's round-to-nearest), so there they store fp32 and torch rounds."""
+    return torch.float32 if is_interpret() else torch.bfloat16
+
+
+_POISON = [False]
+
+
+def alloc(shape, dtype, device) -> torch.Tensor:
+    """Output buffers of every kernel. Under dsv4lab.testing.poisoned() they come pre-filled
+    with NaN, so an element a kernel forgets to write fails the check instead of passing on
+    whatever the memory held."""
+    if _POISON[0]:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def finish(out: torch.Tensor) -> torch.Tensor:
+    return out.to(torch.bfloat16)
+
+
+assert DATA_BYTES == 576 and SCALE_BYTES == 8 and HEAD_DIM == 512 and NOPE_DIM == 448

@@ -1,0 +1,148 @@
+"""Stage 2, head-batched tensor cores: gather each KV tile once, reuse it for BLOCK_H heads.
+
+Grid (B, cdiv(H, BLOCK_H)[, NSPLIT]). A program gathers BLOCK_N tokens into one
+dequantized [BLOCK_N, 512] tile (fp8 nope * UE8M0 scale | bf16 rope: the 448+64
+split disappears in the gather, so both products are exactly 512 wide), then
+
+    S = Q[BLOCK_H, 512] @ K^T      (tl.dot, tensor cores)
+    online softmax on S in fp32, base 2
+    O += P[BLOCK_H, BLOCK_N] @ K   (tl.dot; K = V in MLA)
+
+The KV bytes are read once per head block instead of once per head.
+The same kernel body serves stage 3 (split-K): with SPLIT it handles one slice
+of the top-k row and writes fp32 partials for the combine kernel in split_k.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ..api import register
+from ..device import info, is_interpret
+from .common import LOG2E, alloc, cache_views, dot_dtype, finish, gather_kv_tile, out_dtype
+
+
+@triton.jit
+def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
+                         qk_scale, K, H, split_len, page_size, page_bytes,
+                         stride_qb, stride_qh, stride_ib, stride_ob, stride_oh, stride_os,
+                         HAS_TOPK_LEN: tl.constexpr, HAS_SINK: tl.constexpr, SPLIT: tl.constexpr,
+                         BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+                         D: tl.constexpr, NOPE: tl.constexpr, DOT: tl.constexpr):
+    b = tl.program_id(0)
+    hb = tl.program_id(1)
+    sp = tl.program_id(2)
+    heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = heads < H
+    col = tl.arange(0, D)
+    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + col[None, :],
+                mask=hmask[:, None], other=0.0).to(DOT)
+    n_valid = K
+    if HAS_TOPK_LEN:
+        n_valid = tl.minimum(tl.load(TOPK_LEN + b), K)
+    lo = 0
+    hi = n_valid
+    if SPLIT:
+        lo = sp * split_len
+        hi = tl.minimum(lo + split_len, n_valid)
+    m_i = tl.full([BLOCK_H], -1e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, D], dtype=tl.float32)
+    t = tl.arange(0, BLOCK_N)
+    for start in range(lo, hi, BLOCK_N):             # empty when the slice is past topk_len
+        pos = start + t
+        tok = tl.load(IDX + b * stride_ib + pos, mask=pos < hi, other=-1)
+        valid = (pos < hi) & (tok >= 0)
+        kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, page_size, page_bytes, NOPE, D).to(DOT)
+        s = tl.dot(q, tl.trans(kv)) * qk_scale                      # [BLOCK_H, BLOCK_N], log2 units
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT), kv)
+        m_i = m_new
+    has = l_i > 0.0
+    lse = tl.where(has, (m_i + tl.math.log2(tl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    if HAS_SINK:
+        sink = tl.load(SINK + heads, mask=hmask, other=0.0).to(tl.float32)
+        new_lse = tl.maximum(lse, sink) + tl.log(1.0 + tl.exp(-tl.abs(lse - sink)))
+        new_lse = tl.where(has, new_lse, sink)
+        out = out * tl.exp(lse - new_lse)[:, None]
+        lse = new_lse
+    o_ptr = O + b * stride_ob + heads[:, None] * stride_oh + sp * stride_os + col[None, :]
+    tl.store(o_ptr, out.to(O.dtype.element_ty), mask=hmask[:, None])
+    # LSE is [B, H] (final) or [B, H, NSPLIT] (partials), contiguous
+    tl.store(LSE + (b * H + heads) * tl.num_programs(2) + sp, lse, mask=hmask)
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_h: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    source: str = ""
+
+
+#: Tile choices per device. H200 entries come from the recorded sweep in
+#: data/runs/ (see notebook 02); the sm_120 entry is worked out on paper for the
+#: story's RTX PRO 6000 (188 SMs, ~99 KB shared memory per block) and NOT measured:
+#: a [32, 512] bf16 KV tile is 32 KB, double-buffered 64 KB, leaving room for P.
+TILE_TABLE = {
+    "9.0": TileConfig(64, 32, 8, 2, "H200 sweep, data/runs/"),
+    "12.0": TileConfig(64, 32, 8, 2, "paper estimate for RTX PRO 6000 (sm_120): not measured"),
+    "interpret": TileConfig(16, 16, 4, 1, "interpreter: small tiles keep numpy fast"),
+    "default": TileConfig(64, 32, 8, 2, "fallback for other GPUs: not measured"),
+}
+
+
+def tile_config(num_heads: int | None = None) -> TileConfig:
+    if is_interpret():
+        cfg = TILE_TABLE["interpret"]
+    else:
+        cfg = TILE_TABLE.get(info().capability, TILE_TABLE["default"])
+    if num_heads is not None and num_heads < cfg.block_h:
+        # fewer heads than a block (tensor parallelism): shrink, tl.dot needs >= 16 rows
+        cfg = TileConfig(max(16, triton.next_power_of_2(num_heads)), cfg.block_n, cfg.num_warps,
+                         cfg.num_stages, cfg.source + " (shrunk to H)")
+    return cfg
+
+
+def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, *, nsplit=1, split_len=None,
+           cfg: TileConfig | None = None):
+    """Launch the head-batched kernel; with nsplit > 1, ``out``/``lse`` are the fp32 partial
+    workspaces [B, H, NSPLIT, 512] / [B, H, NSPLIT] and ``attn_sink`` must be None."""
+    B, H, D = q.shape
+    K = indices.shape[1]
+    cfg = cfg or tile_config(H)
+    split = nsplit > 1
+    if split_len is None:
+        split_len = triton.cdiv(triton.cdiv(K, nsplit), cfg.block_n) * cfg.block_n
+    fp8, u8, bf16 = cache_views(cache)
+    grid = (B, triton.cdiv(H, cfg.block_h), nsplit)
+    _head_batched_kernel[grid](
+        q, fp8, u8, bf16, indices,
+        topk_len if topk_len is not None else lse,
+        attn_sink if attn_sink is not None else lse,
+        out, lse, sm_scale * LOG2E, K, H, split_len, cache.page_size, cache.page_bytes,
+        q.stride(0), q.stride(1), indices.stride(0), out.stride(0), out.stride(1),
+        out.stride(2) if split else 0,
+        HAS_TOPK_LEN=topk_len is not None, HAS_SINK=attn_sink is not None, SPLIT=split,
+        BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, D=D, NOPE=448, DOT=dot_dtype(),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+@register("sparse_decode", "mma")
+def sparse_decode_mma(q, cache, indices, *, topk_len, sm_scale, attn_sink, cfg=None):
+    B, H, D = q.shape
+    q = q.contiguous()
+    indices = indices.contiguous()
+    out = alloc((B, H, D), out_dtype(), q.device)
+    lse = alloc((B, H), torch.float32, q.device)
+    launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, cfg=cfg)
+    return finish(out), lse

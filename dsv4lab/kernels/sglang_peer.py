@@ -1,0 +1,86 @@
+"""SGLang's production SIMT decode kernel, run as a peer on the lab's cache.
+
+``_tiled_sparse_decode_kernel`` lives in ``sglang/kernels/ops/attention/
+flash_mla_sm120_triton.py`` of the sglang 0.5.23 wheel. That file needs only
+torch and triton, so we load it by path: ``import sglang`` would pull in the
+whole serving stack. Install the wheel without its dependencies::
+
+    pip install --no-deps sglang==0.5.23
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+
+import torch
+
+from ..api import register
+from ..device import is_interpret
+
+SGLANG_VERSION = "0.5.23"
+_REL_PATH = ("kernels", "ops", "attention", "flash_mla_sm120_triton.py")
+INTERPRET_BLOCK_T = 16   # the autotuner cannot run under the interpreter: one explicit tile
+
+
+class SGLangMissing(ImportError):
+    pass
+
+
+def sglang_file() -> str:
+    spec = importlib.util.find_spec("sglang")   # does not run sglang/__init__.py
+    if spec is None or not spec.submodule_search_locations:
+        raise SGLangMissing(
+            f"sglang is not installed; the lab uses one file of its wheel. Install it with "
+            f"`pip install --no-deps sglang=={SGLANG_VERSION}` (make test does this).")
+    for root in spec.submodule_search_locations:
+        path = os.path.join(root, *_REL_PATH)
+        if os.path.exists(path):
+            return path
+    raise SGLangMissing(f"sglang is installed but has no {'/'.join(_REL_PATH)}; "
+                        f"install sglang=={SGLANG_VERSION} with --no-deps")
+
+
+@functools.cache
+def module():
+    """SGLang's flash_mla_sm120_triton module, loaded by file path."""
+    path = sglang_file()
+    spec = importlib.util.spec_from_file_location("dsv4lab_sglang_flash_mla_sm120_triton", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run(q, cache, indices, topk_len, sm_scale):
+    """Launch SGLang's kernel on q [B,H,512] and the lab's cache; returns (out, lse) [B,H,*]."""
+    mod = module()
+    if not is_interpret():
+        out, lse = mod._run_triton_sparse_decode(q.unsqueeze(1), cache.k_cache, indices, topk_len, sm_scale)
+        return out.squeeze(1), lse.squeeze(1)
+    # Interpreter: the same launch as _run_triton_sparse_decode, minus the autotuner.
+    k_cache = cache.k_cache
+    B, H, D = q.shape
+    page_bytes = k_cache.stride(0)
+    raw = k_cache.as_strided((k_cache.shape[0] * page_bytes,), (1,)).view(torch.uint8)
+    q3 = q.contiguous()
+    out = torch.zeros(B, H, D, dtype=torch.bfloat16, device=q.device)
+    lse = torch.full((B, H), float("-inf"), dtype=torch.float32, device=q.device)
+    topk = indices.shape[1]
+    mod._tiled_sparse_decode_kernel.fn[(B, H)](
+        q3, raw.view(torch.float8_e4m3fn), raw, raw.view(torch.bfloat16), indices,
+        topk_len if topk_len is not None else torch.empty(0, device=q.device, dtype=torch.int32),
+        out, lse, sm_scale, k_cache.shape[1], int(page_bytes), int(k_cache.shape[1] * 576), H, topk,
+        1 << (topk - 1).bit_length(), topk_len is not None,
+        q3.stride(0), q3.stride(1), out.stride(0), out.stride(1), indices.stride(0),
+        NOPE_PAD=512, ROPE_DIM=64, NOPE_DIM_RT=448, BLOCK_T=INTERPRET_BLOCK_T)
+    return out, lse
+
+
+@register("sparse_decode", "sglang")
+def sparse_decode_sglang(q, cache, indices, *, topk_len, sm_scale, attn_sink):
+    out, lse = run(q, cache, indices, topk_len, sm_scale)
+    if attn_sink is not None:
+        # SGLang's _apply_attn_sink, on our [B,H] layout
+        out4, lse3 = module()._apply_attn_sink(out.unsqueeze(1), lse.unsqueeze(1), attn_sink.float())
+        out, lse = out4.squeeze(1), lse3.squeeze(1)
+    return out, lse

@@ -1,0 +1,159 @@
+"""The recorded GPU run: one command that checks, times and sweeps every stage
+and writes JSON (device, versions and date inside) for data/runs/.
+
+    python -m dsv4lab record --out data/runs/h200 [--only checks decode tiles split]
+
+Each part is written as soon as it is done, so a run cut short keeps what it had.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import time
+import traceback
+
+import torch
+
+from . import api, bench
+from .device import ceilings, mode
+from .kernels import head_batched, split_k
+from .testing import LSE_TOL, OUT_TOL, VS_SIMT_TOL, check_decode, make_decode_inputs, poisoned
+
+DECODE_IMPLS = ["simt", "sglang", "mma", "splitk", "auto"]
+BATCHES = [1, 2, 4, 8, 16, 32, 64, 128]
+
+# (B, H, K, context, page_size, pad_frac, topk_len, sink): odd sizes on purpose
+CHECK_CASES = [
+    (4, 64, 512, 8192, 64, 0.0, False, False),
+    (1, 64, 512, 8192, 64, 0.3, True, True),
+    (3, 8, 100, 300, 256, 0.2, True, False),
+    (2, 16, 77, 64, 64, 0.1, False, True),      # one page, K not a multiple of the tile
+    (5, 32, 512, 700, 256, 0.0, True, True),
+    (2, 64, 37, 50, 64, 0.0, False, False),     # K smaller than a tile, one partial page
+]
+
+
+def _log(*a):
+    print(*a, flush=True)
+
+
+def run_checks(impls=DECODE_IMPLS) -> list[dict]:
+    rows = []
+    for case in CHECK_CASES:
+        B, H, K, ctx, ps, pad, tl_, sink = case
+        inp = make_decode_inputs(B, H, K, context=ctx, page_size=ps, pad_frac=pad, topk_len=tl_,
+                                 sink=sink, seed=hash(case) % 2**31)
+        for impl in impls:
+            try:
+                e_out, e_lse = check_decode(impl, inp)
+                ok = e_out <= OUT_TOL and e_lse <= LSE_TOL
+                row = dict(case=case, impl=impl, out_err=e_out, lse_err=e_lse, ok=ok)
+                if impl in ("mma", "splitk", "auto"):
+                    row["vs_simt_err"] = check_decode(impl, inp, against="simt")[0]
+                    row["ok"] = ok and row["vs_simt_err"] <= VS_SIMT_TOL
+            except Exception as e:  # record, don't stop the run
+                row = dict(case=case, impl=impl, ok=False, error=repr(e)[:300])
+            rows.append(row)
+            _log("check", row)
+    # CUDA-graph replay must give bitwise the eager result
+    inp = make_decode_inputs(8, 64, 512, context=2048, topk_len=True, sink=True, seed=7)
+    for impl in ["mma", "splitk", "auto"]:
+        fn = lambda: api.sparse_decode(inp.q, inp.cache, inp.indices, impl=impl, **inp.kwargs())  # noqa: E731
+        eager = fn()
+        g, res = bench.capture(fn)
+        g.replay()
+        torch.cuda.synchronize()
+        same = torch.equal(res[0], eager[0]) and torch.equal(res[1], eager[1])
+        rows.append(dict(case="graph_replay_bitwise", impl=impl, ok=bool(same)))
+        _log("graph", impl, same)
+    return rows
+
+
+def run_decode(impls=DECODE_IMPLS, batches=BATCHES, H=64, K=512, context=8192, page_size=64) -> list[dict]:
+    rows = []
+    for B in batches:
+        inp = make_decode_inputs(B, H, K, context=context, page_size=page_size, seed=B)
+        base = None
+        for impl in impls:
+            try:
+                row = bench.decode_row(impl, inp, baseline_us=base)
+            except Exception as e:
+                row = dict(impl=impl, B=B, error=repr(e)[:300])
+            if impl == "sglang" and "graph_us" in row:
+                base = row["graph_us"]
+            rows.append(row)
+            _log("decode", {k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()
+                            if k in ("impl", "B", "eager_us", "graph_us", "tflops", "speedup_vs_baseline", "error")})
+        del inp
+        torch.cuda.empty_cache()
+    return rows
+
+
+def run_tiles(batches=(1, 32, 128), H=64, K=512, context=8192) -> list[dict]:
+    """BLOCK_H x BLOCK_N x warps x stages for the head-batched kernel (graph replay)."""
+    rows = []
+    inputs = {B: make_decode_inputs(B, H, K, context=context, seed=100 + B) for B in batches}
+    chk = make_decode_inputs(4, H, K, context=1024, topk_len=True, sink=True, seed=5)
+    for bh, bn, nw, ns in itertools.product([16, 32, 64], [16, 32, 64], [4, 8], [1, 2, 3]):
+        cfg = head_batched.TileConfig(bh, bn, nw, ns, "sweep")
+        row = dict(block_h=bh, block_n=bn, num_warps=nw, num_stages=ns)
+        try:
+            with poisoned():
+                out, lse = head_batched.sparse_decode_mma(chk.q, chk.cache, chk.indices, sm_scale=512**-0.5,
+                                                          cfg=cfg, **chk.kwargs())
+            from . import reference
+            from .testing import rel_err
+            ro, rl = reference.sparse_decode(chk.q, chk.cache, chk.indices, **chk.kwargs())
+            row["out_err"] = rel_err(out.float(), ro)
+            for B, inp in inputs.items():
+                fn = lambda: head_batched.sparse_decode_mma(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5,  # noqa: E731
+                                                            topk_len=None, attn_sink=None, cfg=cfg)
+                row[f"us_B{B}"] = bench.time_ms(fn, graph=True, warmup=10, rep=40) * 1e3
+        except Exception as e:
+            row["error"] = repr(e)[:200]
+        rows.append(row)
+        _log("tile", row)
+    return rows
+
+
+def run_split(batches=BATCHES, splits=(1, 2, 4, 8, 16, 32), H=64, K=512, context=8192) -> list[dict]:
+    rows = []
+    for B in batches:
+        inp = make_decode_inputs(B, H, K, context=context, seed=200 + B)
+        chosen = split_k.choose_nsplit(B, H, K)
+        for ns in splits:
+            fn = lambda: split_k.sparse_decode_split(inp.q, inp.cache, inp.indices, topk_len=None,  # noqa: E731
+                                                     sm_scale=512**-0.5, attn_sink=None, nsplit=ns)
+            try:
+                us = bench.time_ms(fn, graph=True, warmup=10, rep=50) * 1e3
+                rows.append(dict(B=B, nsplit=ns, us=us, chosen=ns == chosen))
+            except Exception as e:
+                rows.append(dict(B=B, nsplit=ns, error=repr(e)[:200]))
+            _log("split", rows[-1])
+        del inp
+        torch.cuda.empty_cache()
+    return rows
+
+
+PARTS = {"checks": run_checks, "decode": run_decode, "tiles": run_tiles, "split": run_split}
+
+
+def main(out_dir: str, only=None):
+    if mode() != "cuda":
+        raise SystemExit("record needs a CUDA GPU")
+    os.makedirs(out_dir, exist_ok=True)
+    env = bench.environment()
+    t0 = time.time()
+    env["ceilings"] = ceilings().as_dict()
+    _log("ceilings", env["ceilings"], f"{time.time() - t0:.1f}s")
+    bench.save(os.path.join(out_dir, "device.json"), env)
+    for name in only or PARTS:
+        t = time.time()
+        try:
+            rows = PARTS[name]()
+        except Exception:
+            traceback.print_exc()
+            continue
+        bench.save(os.path.join(out_dir, f"{name}.json"), {**env, "part": name, "rows": rows,
+                                                           "seconds": time.time() - t})
+        _log(f"== {name} done in {time.time() - t:.0f}s")

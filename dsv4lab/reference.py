@@ -1,0 +1,81 @@
+"""Float64 references: the functions every kernel in the lab is judged against.
+
+They work on the *dequantized* caches, so a kernel's error against them is its
+own arithmetic error, not the fp8 quantization (which both sides share).
+Written for clarity, not speed; notebooks call them on small shapes.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .cache import IndexKCache, KVCache, dequant_index_k, dequant_kv
+
+
+def sparse_decode(q, cache: KVCache, indices, topk_len=None, sm_scale=None, attn_sink=None):
+    """Sparse MLA decode over the top-k tokens of each query, in float64.
+
+    q [B,H,512]; indices int32 [B,K] token ids, any entry < 0 is padding;
+    topk_len [B] keeps only each row's first topk_len entries; attn_sink [H]
+    adds exp(sink[h]) to the softmax denominator.
+    Returns (out float32 [B,H,512], lse float32 [B,H]); a row with no valid
+    token gives out 0 and lse -inf (or lse = sink with a sink), never NaN.
+    """
+    B, H, D = q.shape
+    K = indices.shape[1]
+    scale = D ** -0.5 if sm_scale is None else float(sm_scale)
+    dev = q.device
+    valid = indices >= 0
+    if topk_len is not None:
+        valid &= torch.arange(K, device=dev)[None, :] < topk_len.to(dev).long()[:, None]
+    kv = dequant_kv(cache, torch.where(valid, indices, torch.zeros_like(indices)).to(dev)).double()
+    s = torch.einsum("bhd,bkd->bhk", q.double(), kv) * scale
+    s = s.masked_fill(~valid[:, None, :], -math.inf)
+    lse = torch.logsumexp(s, dim=-1)                                    # -inf on empty rows
+    p = torch.where(valid[:, None, :], torch.exp(s - lse[..., None].nan_to_num(neginf=0.0)),
+                    torch.zeros((), dtype=s.dtype, device=dev))
+    out = torch.einsum("bhk,bkd->bhd", p, kv)
+    if attn_sink is not None:
+        sink = attn_sink.to(dev).double()[None, :].expand(B, H)
+        new_lse = torch.logaddexp(lse, sink)
+        out = out * torch.exp(lse - new_lse)[..., None]                 # exp(-inf) = 0 on empty rows
+        lse = new_lse
+    return out.float(), lse.float()
+
+
+def indexer_logits(q, index_cache: IndexKCache, weights, seq_lens, page_table, max_seq_len):
+    """Lightning-indexer logits in float64.
+
+    logits[b,t] = sum_h weights[b,h] * relu(q[b,h] . k_t) for t < seq_lens[b], -inf beyond,
+    where k_t is the dequantized key at physical page page_table[b, t // 64], slot t % 64.
+    Page-table entries past a request's live pages are never read (they may be -1).
+    """
+    B = q.shape[0]
+    dev = q.device
+    ps = index_cache.page_size
+    out = torch.full((B, max_seq_len), -math.inf, dtype=torch.float64, device=dev)
+    for b in range(B):
+        n = min(int(seq_lens[b]), max_seq_len)
+        if n <= 0:
+            continue
+        t = torch.arange(n, device=dev)
+        phys = page_table[b, t // ps].long().to(dev) * ps + t % ps
+        k = dequant_index_k(index_cache, phys).double()                 # [n, 128]
+        s = torch.relu(q[b].double() @ k.T)                              # [H_i, n]
+        out[b, :n] = (weights[b].double()[:, None] * s).sum(0)
+    return out.float()
+
+
+def topk_indices(logits, k: int):
+    """Positions of the k largest finite logits per row, -1 padded when fewer exist.
+
+    Ties are broken by torch.topk; order within the result is by descending logit.
+    """
+    B, L = logits.shape
+    kk = min(k, L)
+    vals, idx = torch.topk(logits.double(), kk, dim=-1)
+    idx = torch.where(torch.isfinite(vals), idx, torch.full_like(idx, -1)).int()
+    if kk < k:
+        idx = torch.cat([idx, torch.full((B, k - kk), -1, dtype=torch.int32, device=idx.device)], 1)
+    return idx
