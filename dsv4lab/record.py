@@ -135,7 +135,7 @@ def run_split(batches=BATCHES, splits=(1, 2, 4, 8, 16, 32), H=64, K=512, context
     return rows
 
 
-PARTS = {"checks": run_checks, "decode": run_decode, "tiles": run_tiles, "split": run_split}
+PARTS = {"checks": run_checks, "decode": run_decode, "split": run_split, "tiles": run_tiles}
 
 
 def main(out_dir: str, only=None):
