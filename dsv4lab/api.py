@@ -47,8 +47,8 @@ def _tensor(name, x, *, dim=None, dtypes=None, device=None, shape=None):
     if shape is not None:
         for i, (got, want) in enumerate(zip(x.shape, shape)):
             if want is not None and got != want:
-                raise ValueError(f"{name} must have shape {['*' if s is None else s for s in shape]}, "
-                                 f"got {list(x.shape)} (dim {i})")
+                want_s = ", ".join("*" if s is None else str(s) for s in shape)
+                raise ValueError(f"{name} must have shape [{want_s}], got {list(x.shape)} (dim {i})")
     if dtypes is not None and x.dtype not in dtypes:
         raise TypeError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {x.dtype}")
     if device is not None and x.device != device:

@@ -41,8 +41,15 @@ def configure() -> str:
     if _MODE is not None:
         return _MODE
     forced = os.environ.get("DSV4LAB_MODE", "").strip().lower()
-    if forced not in ("", "cuda", "interpret"):
-        raise ModeError(f"DSV4LAB_MODE must be 'cuda' or 'interpret', got {forced!r}")
+    if forced not in ("", "cuda", "interpret", "compile"):
+        raise ModeError(f"DSV4LAB_MODE must be 'cuda', 'interpret' or 'compile', got {forced!r}")
+    if forced == "compile":
+        # compile-only: kernels are compiled ahead of time for a GPU this machine lacks
+        # (dsv4lab.compile_report), never run; Triton must not be in interpreter mode.
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            raise ModeError("DSV4LAB_MODE=compile conflicts with TRITON_INTERPRET=1")
+        _MODE = "compile"
+        return _MODE
     has_cuda = torch.cuda.is_available()
     if forced == "cuda" and not has_cuda:
         raise ModeError("DSV4LAB_MODE=cuda but torch sees no CUDA GPU")
@@ -63,7 +70,8 @@ def configure() -> str:
 
 
 def mode() -> str:
-    """'cuda' (compiled kernels on the GPU) or 'interpret' (Triton's CPU interpreter)."""
+    """'cuda' (compiled kernels on the GPU), 'interpret' (Triton's CPU interpreter), or
+    'compile' (DSV4LAB_MODE=compile: ahead-of-time compiler reports only, nothing runs)."""
     return configure()
 
 

@@ -20,22 +20,35 @@ LOG2E = 1.4426950408889634
 
 @triton.jit
 def gather_kv_tile(kv_fp8, kv_u8, kv_bf16, tok, valid, page_size, page_bytes,
-                   NOPE: tl.constexpr, D: tl.constexpr):
-    """tok [BLOCK_N] int token ids (any value where ~valid) -> fp32 [BLOCK_N, D]; invalid rows are 0."""
+                   NOPE: tl.constexpr, D: tl.constexpr, OUT: tl.constexpr):
+    """tok [BLOCK_N] int token ids (any value where ~valid) -> OUT [BLOCK_N, D]; invalid rows are 0.
+
+    OUT = bfloat16 is exact: an e4m3 value times a power of two fits bf16 (8 exponent
+    bits), and rope is stored in bf16. Building the tile in bf16 rather than fp32 halves
+    its registers, which is what decides whether the head-batched kernel spills.
+
+    The tile is built as [BLOCK_N, 8, 64]: groups 0..6 are the fp8 nope groups times their
+    UE8M0 scale (8 contiguous scale bytes per token, one load), group 7 is the bf16 rope.
+    Each load touches only the bytes it needs, so no full-width masked loads."""
+    G: tl.constexpr = D // 64
     safe = tl.where(valid, tok, 0).to(tl.int64)
     page = safe // page_size
     slot = safe % page_size
-    data = page * page_bytes + slot * 576                         # token's data bytes
-    scl = page * page_bytes + page_size * 576 + slot * 8          # token's scale bytes
-    col = tl.arange(0, D)
-    is_nope = col < NOPE
-    m_nope = valid[:, None] & is_nope[None, :]
-    m_rope = valid[:, None] & (col >= NOPE)[None, :]
-    x = tl.load(kv_fp8 + data[:, None] + col[None, :], mask=m_nope, other=0.0).to(tl.float32)
-    e = tl.load(kv_u8 + scl[:, None] + (col // 64)[None, :], mask=m_nope, other=127)
-    x = x * tl.math.exp2(e.to(tl.float32) - 127.0)
-    r = tl.load(kv_bf16 + (data[:, None] + NOPE) // 2 + (col - NOPE)[None, :], mask=m_rope, other=0.0)
-    return tl.where(is_nope[None, :], x, r.to(tl.float32))
+    # page_bytes and page_size*576 are multiples of 576: tell the compiler, so the
+    # gathers become 16-byte vector loads instead of one byte per pointer
+    data = tl.multiple_of(page * page_bytes + slot * 576, 64)     # token's data bytes
+    scl = tl.multiple_of(page * page_bytes + page_size * 576 + slot * 8, 8)  # its 8 scale bytes
+    g = tl.arange(0, G)
+    j = tl.arange(0, 64)
+    is_nope = g < NOPE // 64
+    m3 = valid[:, None, None] & is_nope[None, :, None]
+    x = tl.load(kv_fp8 + data[:, None, None] + (g * 64)[None, :, None] + j[None, None, :],
+                mask=m3, other=0.0).to(OUT)
+    e = tl.load(kv_u8 + scl[:, None] + g[None, :], mask=valid[:, None] & is_nope[None, :], other=127)
+    x = x * tl.math.exp2(e.to(tl.float32) - 127.0).to(OUT)[:, :, None]
+    r = tl.load(kv_bf16 + (data[:, None] + NOPE) // 2 + j[None, :], mask=valid[:, None], other=0.0)
+    x = tl.where(is_nope[None, :, None], x, r.to(OUT)[:, None, :])
+    return tl.reshape(x, (x.shape[0], D))
 
 
 def cache_views(cache):

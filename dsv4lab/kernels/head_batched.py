@@ -56,7 +56,7 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
         pos = start + t
         tok = tl.load(IDX + b * stride_ib + pos, mask=pos < hi, other=-1)
         valid = (pos < hi) & (tok >= 0)
-        kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, page_size, page_bytes, NOPE, D).to(DOT)
+        kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, page_size, page_bytes, NOPE, D, DOT)
         s = tl.dot(q, tl.trans(kv)) * qk_scale                      # [BLOCK_H, BLOCK_N], log2 units
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))

@@ -40,7 +40,7 @@ def _simt_decode_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
         pos = start + t
         tok = tl.load(IDX + b * stride_ib + pos, mask=pos < n_valid, other=-1)
         valid = (pos < n_valid) & (tok >= 0)
-        kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, page_size, page_bytes, NOPE, D)
+        kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, page_size, page_bytes, NOPE, D, tl.float32)
         s = tl.sum(q[None, :] * kv, axis=1)
         s = tl.where(valid, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=0))

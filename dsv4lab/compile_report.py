@@ -1,0 +1,89 @@
+"""The compiler's resource report for a kernel, without a GPU.
+
+Triton can compile for a GPU this machine does not have; ptxas (shipped in
+Triton's wheel) then says how many registers a thread needs, how many bytes
+spill to local memory, and the PTX shows which matrix instructions were picked
+(``wgmma`` on Hopper, ``mma.sync`` otherwise). This is how the lab chose tiles
+before spending GPU time: a config that spills is slow however it is launched.
+
+Needs ``DSV4LAB_MODE=compile`` (Triton must not be in interpreter mode):
+
+    DSV4LAB_MODE=compile python -m dsv4lab.compile_report 64 32 8 2
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+# Runtime launches specialize pointers and ints divisible by 16; AOT must say so, or the
+# report describes a kernel that never runs (unvectorized loads, different registers).
+_PTR = {"Q": "*bf16", "KV_FP8": "*fp8e4nv", "KV_U8": "*u8", "KV_BF16": "*bf16", "IDX": "*i32",
+        "TOPK_LEN": "*i32", "SINK": "*fp32", "O": "*bf16", "LSE": "*fp32"}
+_DIV16 = {"page_bytes", "page_size", "stride_qb", "stride_qh", "stride_ib", "stride_ob", "stride_oh", "K",
+          "split_len"}
+
+
+def compile_kernel(fn, constexprs: dict, *, num_warps=4, num_stages=2, arch=90, fp32_args=("qk_scale",),
+                   ptr_types=None):
+    """triton.compile ``fn`` for sm_``arch``; returns the compiled kernel (asm dict inside)."""
+    ptr_types = {**_PTR, **(ptr_types or {})}
+    names = fn.arg_names
+    sig, attrs = {}, {}
+    for i, n in enumerate(names):
+        if fn.params[i].is_constexpr:
+            sig[n] = "constexpr"
+        elif n in ptr_types:
+            sig[n] = ptr_types[n]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif n in fp32_args:
+            sig[n] = "fp32"
+        else:
+            sig[n] = "i32"
+            if n in _DIV16:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in constexprs.items()}, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options=dict(num_warps=num_warps, num_stages=num_stages))
+
+
+def report(kernel, arch=90) -> dict:
+    """Registers, spills and shared memory from ptxas -v; the MMA instructions from the PTX."""
+    ptx = kernel.asm["ptx"]
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    ptxas = next(p for p in (os.path.join(bin_dir, "ptxas-blackwell"), os.path.join(bin_dir, "ptxas"))
+                 if os.path.exists(p))
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        open(src, "w").write(ptx)
+        tgt = f"sm_{arch}a" if arch == 90 else f"sm_{arch}"
+        r = subprocess.run([ptxas, f"-arch={tgt}", "-v", src, "-o", os.path.join(d, "k.cubin")],
+                           capture_output=True, text=True)
+    log = r.stderr
+    num = lambda pat: int(m.group(1)) if (m := re.search(pat, log)) else None  # noqa: E731
+    mma = sorted(set(re.findall(r"(wgmma\.mma_async\.sync\.aligned\.m\d+n\d+k\d+|mma\.sync\.aligned\.m\d+n\d+k\d+)", ptx)))
+    return {"registers": num(r"Used (\d+) registers"), "spill_stores": num(r"(\d+) bytes spill stores"),
+            "spill_loads": num(r"(\d+) bytes spill loads"), "stack": num(r"(\d+) bytes stack frame"),
+            "shared_bytes": kernel.metadata.shared, "mma": mma, "ptxas_ok": r.returncode == 0}
+
+
+def head_batched_report(block_h, block_n, num_warps, num_stages, *, split=False, arch=90) -> dict:
+    from .kernels.head_batched import _head_batched_kernel
+    k = compile_kernel(_head_batched_kernel, dict(HAS_TOPK_LEN=False, HAS_SINK=False, SPLIT=split,
+                                                  BLOCK_H=block_h, BLOCK_N=block_n, D=512, NOPE=448,
+                                                  DOT=triton.language.bfloat16),
+                       num_warps=num_warps, num_stages=num_stages, arch=arch)
+    return {"block_h": block_h, "block_n": block_n, "num_warps": num_warps, "num_stages": num_stages,
+            "arch": arch, **report(k, arch)}
+
+
+if __name__ == "__main__":
+    import dsv4lab  # noqa: F401
+    args = [int(a) for a in sys.argv[1:5]] or [64, 32, 8, 2]
+    print(head_batched_report(*args))

@@ -1,0 +1,92 @@
+"""Bad input gets a clear error naming the argument and what was expected."""
+import pytest
+import torch
+
+import dsv4lab
+from dsv4lab.cache import pack_index_k
+from dsv4lab.testing import make_decode_inputs
+
+
+@pytest.fixture
+def inp():
+    return make_decode_inputs(2, 4, 8, context=16, seed=3)
+
+
+def call(inp, impl="mma", **over):
+    kw = dict(q=inp.q, cache=inp.cache, indices=inp.indices, topk_len=None, attn_sink=None)
+    kw.update(over)
+    return dsv4lab.sparse_decode(kw.pop("q"), kw.pop("cache"), kw.pop("indices"), impl=impl, **kw)
+
+
+@pytest.mark.parametrize("over,exc,msg", [
+    (lambda i: dict(q=i.q[..., :500]), ValueError, r"q must have shape \[B, H, 512\]"),
+    (lambda i: dict(q=i.q[0]), ValueError, "q must be 3-D"),
+    (lambda i: dict(q=i.q.to(torch.float64)), TypeError, "q must have dtype"),
+    (lambda i: dict(q=i.q.tolist()), TypeError, "q must be a torch.Tensor"),
+    (lambda i: dict(cache=i.cache.buffer), TypeError, "cache must be a dsv4lab.cache.KVCache"),
+    (lambda i: dict(indices=i.indices.long()), TypeError, "indices must have dtype"),
+    (lambda i: dict(indices=i.indices[:1]), ValueError, r"indices must have shape \[2, \*\]"),
+    (lambda i: dict(indices=i.indices[:, :0]), ValueError, "at least one column"),
+    (lambda i: dict(indices=i.indices + 100), ValueError, r"indices must be < cache.num_tokens \(32\)"),
+    (lambda i: dict(topk_len=torch.tensor([9, 1], dtype=torch.int32)), ValueError, r"topk_len must lie in \[0, K=8\]"),
+    (lambda i: dict(topk_len=torch.tensor([-1, 1], dtype=torch.int32)), ValueError, "topk_len must lie in"),
+    (lambda i: dict(topk_len=torch.tensor([1, 1])), TypeError, "topk_len must have dtype"),
+    (lambda i: dict(topk_len=torch.tensor([1], dtype=torch.int32)), ValueError, r"topk_len must have shape \[2\]"),
+    (lambda i: dict(attn_sink=torch.zeros(3)), ValueError, r"attn_sink must have shape \[4\]"),
+    (lambda i: dict(sm_scale=-1.0), ValueError, "sm_scale must be a positive float"),
+])
+def test_bad_decode_args(inp, over, exc, msg):
+    with pytest.raises(exc, match=msg):
+        call(inp, **over(inp))
+
+
+def test_unknown_impl_lists_choices(inp):
+    with pytest.raises(ValueError, match=r"impl must be one of \[.*'mma'.*\], got 'fast'"):
+        call(inp, impl="fast")
+
+
+def test_impls_lists_all_stages():
+    assert {"reference", "simt", "sglang", "mma", "splitk", "auto"} <= set(dsv4lab.impls())
+
+
+def _indexer(dev):
+    ic = pack_index_k(torch.randn(128, 128, device=dev))
+    q = torch.randn(2, 4, 128, device=dev)
+    w = torch.randn(2, 4, device=dev)
+    seq = torch.tensor([70, 10], dtype=torch.int32, device=dev)
+    pt = torch.tensor([[1, 0], [0, -1]], dtype=torch.int32, device=dev)
+    return q, ic, w, seq, pt
+
+
+def test_indexer_reference_entry_points(dev):
+    q, ic, w, seq, pt = _indexer(dev)
+    logits = dsv4lab.indexer_logits(q, ic, w, seq, pt, max_seq_len=128)
+    assert logits.shape == (2, 128) and torch.isinf(logits[1, 10:]).all()
+    top = dsv4lab.indexer_topk(q, ic, w, seq, pt, max_seq_len=128, topk=16)
+    assert top.shape == (2, 16) and top.dtype == torch.int32
+    assert (top[1, :10] >= 0).all() and (top[1, 10:] == -1).all()
+
+
+@pytest.mark.parametrize("over,exc,msg", [
+    (dict(q=torch.randn(2, 4, 64)), ValueError, r"q must have shape \[B, H_i, 128\]"),
+    (dict(weights=torch.randn(2, 3)), ValueError, r"weights must have shape \[2, 4\]"),
+    (dict(seq_lens=torch.tensor([70, 10])), TypeError, "seq_lens must have dtype"),
+    (dict(seq_lens=torch.tensor([129, 10], dtype=torch.int32)), ValueError, r"seq_lens must lie in \[0, max_seq_len=128\]"),
+    (dict(page_table=torch.tensor([[1, -1], [0, -1]], dtype=torch.int32)), ValueError, r"page_table\[0, 1\] = -1 is a live page"),
+    (dict(page_table=torch.tensor([[1, 5], [0, -1]], dtype=torch.int32)), ValueError, r"must lie in \[0, 2\)"),
+    (dict(max_seq_len=200), ValueError, "page_table must have at least ceil"),
+    (dict(index_cache="x"), TypeError, "index_cache must be a dsv4lab.cache.IndexKCache"),
+])
+def test_bad_indexer_args(over, exc, msg, dev):
+    q, ic, w, seq, pt = _indexer(dev)
+    kw = dict(q=q, index_cache=ic, weights=w, seq_lens=seq, page_table=pt, max_seq_len=128)
+    kw.update(over)
+    with pytest.raises(exc, match=msg):
+        dsv4lab.indexer_logits(kw.pop("q"), kw.pop("index_cache"), kw.pop("weights"), kw.pop("seq_lens"),
+                               kw.pop("page_table"), **kw)
+
+
+def test_indexer_topk_bad_k(dev):
+    q, ic, w, seq, pt = _indexer(dev)
+    with pytest.raises(ValueError, match="topk must be a positive int"):
+        dsv4lab.indexer_topk(q, ic, w, seq, pt, max_seq_len=128, topk=0)

@@ -1,0 +1,101 @@
+"""Every sparse-decode implementation against the float64 reference (Triton interpreter on CPU).
+
+Outputs are poisoned with NaN before each run; fresh random inputs each case;
+odd sizes on purpose. Tolerances and why: dsv4lab/testing.py.
+"""
+import math
+
+import pytest
+import torch
+
+import dsv4lab
+from dsv4lab.testing import (LSE_TOL, OUT_TOL, VS_SIMT_TOL, check_decode, make_decode_inputs,
+                             poisoned, rel_err)
+
+IMPLS = ["simt", "mma", "splitk", "auto", "sglang"]
+
+# (B, H, K, context, page_size, pad_frac, topk_len, sink)
+CASES = [
+    pytest.param(1, 1, 1, 1, 64, 0.0, False, False, id="B1-H1-K1-one-token"),
+    pytest.param(2, 3, 17, 40, 64, 0.2, False, False, id="H3-K17-padding"),
+    pytest.param(1, 16, 40, 130, 64, 0.0, True, True, id="B1-topklen-sink-3pages"),
+    pytest.param(3, 8, 33, 300, 256, 0.3, True, False, id="page256-padding-topklen"),
+    pytest.param(2, 5, 64, 64, 64, 0.0, False, True, id="one-full-page-K-equals-tile-multiple"),
+]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("B,H,K,ctx,ps,pad,tlen,sink", CASES)
+def test_matches_reference(impl, B, H, K, ctx, ps, pad, tlen, sink):
+    inp = make_decode_inputs(B, H, K, context=ctx, page_size=ps, pad_frac=pad, topk_len=tlen, sink=sink)
+    e_out, e_lse = check_decode(impl, inp)
+    assert e_out <= OUT_TOL, f"{impl}: out rel. error {e_out:.2e} > {OUT_TOL}"
+    assert e_lse <= LSE_TOL, f"{impl}: lse rel. error {e_lse:.2e} > {LSE_TOL}"
+
+
+@pytest.mark.parametrize("impl", ["mma", "splitk", "auto"])
+def test_tensor_core_kernels_match_simt(impl):
+    inp = make_decode_inputs(2, 16, 48, context=100, pad_frac=0.1, topk_len=True)
+    assert check_decode(impl, inp, against="simt")[0] <= VS_SIMT_TOL
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_empty_rows_give_zero_and_minus_inf(impl, dev):
+    """topk_len 0, and a row of only -1: out 0 and lse -inf without a sink, never NaN."""
+    inp = make_decode_inputs(3, 4, 20, context=50)
+    inp.indices[1] = -1
+    inp.topk_len = torch.tensor([0, 20, 7], dtype=torch.int32, device=dev)
+    with poisoned():
+        out, lse = dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl=impl, topk_len=inp.topk_len)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    assert (out[:2] == 0).all() and (lse[:2] == -math.inf).all()
+    assert torch.isfinite(lse[2]).all()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_empty_rows_with_sink_give_sink_lse(impl, dev):
+    inp = make_decode_inputs(2, 4, 16, context=32, sink=True)
+    inp.indices[0] = -1
+    out, lse = dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl=impl, attn_sink=inp.attn_sink)
+    assert (out[0] == 0).all() and torch.allclose(lse[0], inp.attn_sink.float())
+
+
+@pytest.mark.parametrize("impl", ["simt", "mma", "splitk"])
+def test_page_boundary_tokens(impl, dev):
+    """Tokens on both sides of every page boundary, in one row."""
+    ctx = 4 * 64
+    inp = make_decode_inputs(1, 4, 8, context=ctx)
+    inp.indices[0] = torch.tensor([63, 64, 127, 128, 191, 192, 0, 255], dtype=torch.int32, device=dev)
+    e_out, e_lse = check_decode(impl, inp)
+    assert e_out <= OUT_TOL and e_lse <= LSE_TOL
+
+
+def test_outputs_shape_dtype(dev):
+    inp = make_decode_inputs(2, 4, 8, context=16)
+    for impl in IMPLS + ["reference"]:
+        out, lse = dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl=impl)
+        assert out.dtype == torch.bfloat16 and tuple(out.shape) == (2, 4, 512)
+        assert lse.dtype == torch.float32 and tuple(lse.shape) == (2, 4)
+
+
+def test_rel_err_rejects_nan_and_mismatched_inf():
+    ref = torch.tensor([1.0, 2.0, -math.inf])
+    assert rel_err(ref, ref) == 0
+    assert rel_err(torch.tensor([1.0, float("nan"), -math.inf]), ref) == math.inf
+    assert rel_err(torch.tensor([1.0, 2.0, 0.0]), ref) == math.inf
+    assert rel_err(torch.tensor([1.1, 2.0, -math.inf]), ref) == pytest.approx(0.1 / math.sqrt(5))
+
+
+def test_poison_catches_unwritten_output(dev):
+    """A launch that skips rows must fail the check, not pass on leftover memory."""
+    from dsv4lab import reference
+    from dsv4lab.kernels import common, head_batched
+    inp = make_decode_inputs(2, 4, 8, context=16)
+    with poisoned():
+        out = common.alloc((2, 4, 512), common.out_dtype(), dev)
+        lse = common.alloc((2, 4), torch.float32, dev)
+    # a buggy launch: only batch row 0 is computed
+    head_batched.launch(inp.q[:1], inp.cache, inp.indices[:1], None, 512**-0.5, None, out, lse)
+    ro, rl = reference.sparse_decode(inp.q, inp.cache, inp.indices)
+    assert rel_err(out.float(), ro) == math.inf and rel_err(lse, rl) == math.inf
+    assert rel_err(out[:1].float(), ro[:1]) <= OUT_TOL
