@@ -47,7 +47,7 @@ def heads_per_read(impl: str, H: int) -> int:
     if impl in ("simt", "sglang"):
         return 1
     from .kernels.head_batched import tile_config
-    return min(H, tile_config(H).block_h)
+    return min(H, tile_config(H, split=impl in ("splitk", "auto")).block_h)
 
 
 def decode_row(impl, inp, *, graph=True, eager=True, baseline_us=None, **kw) -> dict:

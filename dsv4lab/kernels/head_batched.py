@@ -89,23 +89,30 @@ class TileConfig:
     source: str = ""
 
 
-#: Tile choices per device. H200 entries come from the recorded sweep in
-#: data/runs/ (see notebook 02); the sm_120 entry is worked out on paper for the
-#: story's RTX PRO 6000 (188 SMs, ~99 KB shared memory per block) and NOT measured:
-#: a [32, 512] bf16 KV tile is 32 KB, double-buffered 64 KB, leaving room for P.
+#: Tile choices per (device, use). "mma": the stage-2 kernel, tuned for throughput at
+#: large batch; "split": the same kernel body as used by split-K, tuned for the latency of
+#: one short slice. H200 entries come from the recorded sweep (data/runs/h200/tiles.json,
+#: notebook 02), after the offline compiler report ruled out configs that spill
+#: (dsv4lab.compile_report). The sm_120 entries are worked out on paper for the story's
+#: RTX PRO 6000 (188 SMs, ~99 KB shared memory per block) and NOT measured: BLOCK_H 64 x
+#: BLOCK_N 16 needs ~92 KB of shared memory on sm_90, so the 99 KB budget allows it
+#: with one stage fewer.
 TILE_TABLE = {
-    "9.0": TileConfig(64, 32, 8, 2, "H200 sweep, data/runs/"),
-    "12.0": TileConfig(64, 32, 8, 2, "paper estimate for RTX PRO 6000 (sm_120): not measured"),
-    "interpret": TileConfig(16, 16, 4, 1, "interpreter: small tiles keep numpy fast"),
-    "default": TileConfig(64, 32, 8, 2, "fallback for other GPUs: not measured"),
+    ("9.0", "mma"): TileConfig(64, 32, 8, 3, "H200 sweep, data/runs/h200/tiles.json"),
+    ("9.0", "split"): TileConfig(64, 16, 8, 2, "H200 sweep, data/runs/h200/split.json"),
+    ("12.0", "mma"): TileConfig(64, 16, 8, 1, "paper estimate for RTX PRO 6000 (sm_120): not measured"),
+    ("12.0", "split"): TileConfig(64, 16, 8, 1, "paper estimate for RTX PRO 6000 (sm_120): not measured"),
+    ("interpret", "mma"): TileConfig(16, 16, 4, 1, "interpreter: small tiles keep numpy fast"),
+    ("interpret", "split"): TileConfig(16, 16, 4, 1, "interpreter: small tiles keep numpy fast"),
+    ("default", "mma"): TileConfig(64, 32, 8, 2, "fallback for other GPUs: not measured"),
+    ("default", "split"): TileConfig(64, 16, 8, 2, "fallback for other GPUs: not measured"),
 }
 
 
-def tile_config(num_heads: int | None = None) -> TileConfig:
-    if is_interpret():
-        cfg = TILE_TABLE["interpret"]
-    else:
-        cfg = TILE_TABLE.get(info().capability, TILE_TABLE["default"])
+def tile_config(num_heads: int | None = None, *, split: bool = False) -> TileConfig:
+    use = "split" if split else "mma"
+    key = "interpret" if is_interpret() else info().capability
+    cfg = TILE_TABLE.get((key, use), TILE_TABLE[("default", use)])
     if num_heads is not None and num_heads < cfg.block_h:
         # fewer heads than a block (tensor parallelism): shrink, tl.dot needs >= 16 rows
         cfg = TileConfig(max(16, triton.next_power_of_2(num_heads)), cfg.block_n, cfg.num_warps,

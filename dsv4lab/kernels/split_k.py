@@ -33,13 +33,15 @@ def sm_count() -> int:
 
 
 def choose_nsplit(B: int, H: int, K: int, *, sms: int | None = None, cfg=None) -> int:
-    """Slices per (batch, head block): enough programs for one wave on the SMs, each slice
-    at least one BLOCK_N tile, at most MAX_SPLIT. Depends on shapes only (graph-safe)."""
-    cfg = cfg or head_batched.tile_config(H)
+    """Slices per (batch, head block): enough programs for WAVES waves on the SMs, each slice
+    a whole number of BLOCK_N tiles, at most MAX_SPLIT. Depends on shapes only (graph-safe)."""
+    cfg = cfg or head_batched.tile_config(H, split=True)
     sms = sms or sm_count()
     base = B * triton.cdiv(H, cfg.block_h)
+    tiles = triton.cdiv(K, cfg.block_n)
     want = triton.cdiv(int(sms * WAVES), base)
-    return max(1, min(want, MAX_SPLIT, triton.cdiv(K, cfg.block_n)))
+    n = max(1, min(want, MAX_SPLIT, tiles))
+    return triton.cdiv(tiles, triton.cdiv(tiles, n))     # no empty trailing slice
 
 
 @triton.jit
@@ -85,12 +87,12 @@ def sparse_decode_split(q, cache, indices, *, topk_len, sm_scale, attn_sink, nsp
     B, H, D = q.shape
     q = q.contiguous()
     indices = indices.contiguous()
-    cfg = cfg or head_batched.tile_config(H)
+    cfg = cfg or head_batched.tile_config(H, split=True)
     nsplit = nsplit or choose_nsplit(B, H, indices.shape[1], cfg=cfg)
     out = alloc((B, H, D), out_dtype(), q.device)
     lse = alloc((B, H), torch.float32, q.device)
-    if nsplit == 1:   # nothing to merge: the stage-2 kernel writes the answer directly
-        head_batched.launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, cfg=cfg)
+    if nsplit == 1:   # nothing to merge: the stage-2 kernel (with its own tiles) writes the answer
+        head_batched.launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse)
         return finish(out), lse
     o_part, lse_part = workspace(B, H, nsplit, q.device)
     if common._POISON[0]:
@@ -108,7 +110,8 @@ def sparse_decode_split(q, cache, indices, *, topk_len, sm_scale, attn_sink, nsp
 @register("sparse_decode", "splitk")
 def sparse_decode_splitk(q, cache, indices, *, topk_len, sm_scale, attn_sink):
     # always split (at least 2 slices) so that this impl exercises the merge path
-    nsplit = max(2, choose_nsplit(q.shape[0], q.shape[1], indices.shape[1]))
+    K = indices.shape[1]
+    nsplit = max(2, choose_nsplit(q.shape[0], q.shape[1], K)) if K > 1 else 1
     return sparse_decode_split(q, cache, indices, topk_len=topk_len, sm_scale=sm_scale,
                                attn_sink=attn_sink, nsplit=nsplit)
 
