@@ -73,17 +73,18 @@ def report(kernel, arch=90) -> dict:
             "shared_bytes": kernel.metadata.shared, "mma": mma, "ptxas_ok": r.returncode == 0}
 
 
-def head_batched_report(block_h, block_n, num_warps, num_stages, *, split=False, arch=90) -> dict:
+def head_batched_report(block_h, block_n, num_warps, num_stages, *, split=False, arch=90,
+                        lazy_rescale=False) -> dict:
     from .kernels.head_batched import _head_batched_kernel
     k = compile_kernel(_head_batched_kernel, dict(HAS_TOPK_LEN=False, HAS_SINK=False, SPLIT=split,
                                                   BLOCK_H=block_h, BLOCK_N=block_n, D=512, NOPE=448,
-                                                  DOT=triton.language.bfloat16),
+                                                  DOT=triton.language.bfloat16, LAZY_RESCALE=lazy_rescale),
                        num_warps=num_warps, num_stages=num_stages, arch=arch)
     return {"block_h": block_h, "block_n": block_n, "num_warps": num_warps, "num_stages": num_stages,
-            "arch": arch, **report(k, arch)}
+            "lazy_rescale": lazy_rescale, "arch": arch, **report(k, arch)}
 
 
 if __name__ == "__main__":
     import dsv4lab  # noqa: F401
-    args = [int(a) for a in sys.argv[1:5]] or [64, 32, 8, 2]
-    print(head_batched_report(*args))
+    args = [int(a) for a in sys.argv[1:6]] or [64, 32, 8, 2]
+    print(head_batched_report(*args[:4], lazy_rescale=bool(args[4:5] and args[4])))

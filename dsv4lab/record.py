@@ -7,6 +7,7 @@ Each part is written as soon as it is done, so a run cut short keeps what it had
 """
 from __future__ import annotations
 
+import itertools
 import os
 import time
 import traceback
@@ -80,6 +81,10 @@ def run_decode(impls=DECODE_IMPLS, batches=BATCHES, H=64, K=512, context=8192, p
                 row = dict(impl=impl, B=B, error=repr(e)[:300])
             if impl == "sglang" and "graph_us" in row:
                 base = row["graph_us"]
+            if impl == "auto":
+                p = split_k.choose(B, H, K)
+                row.update(plan_use=p.use, plan_nsplit=p.nsplit, plan_model_us=p.model_us,
+                           plan_programs=p.programs, plan_block_h=p.cfg.block_h, plan_block_n=p.cfg.block_n)
             rows.append(row)
             _log("decode", {k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()
                             if k in ("impl", "B", "eager_us", "graph_us", "tflops", "speedup_vs_baseline", "error")})
@@ -90,9 +95,10 @@ def run_decode(impls=DECODE_IMPLS, batches=BATCHES, H=64, K=512, context=8192, p
 
 #: Configs that the offline compiler report (dsv4lab.compile_report, sm_90a) shows with no or
 #: almost no spills; the rest spill hundreds to thousands of bytes per thread and were not timed.
-TILE_CANDIDATES = [(16, 16, 4, 1), (16, 16, 8, 1), (16, 16, 8, 2), (16, 32, 8, 1), (16, 32, 8, 2),
-                   (16, 32, 8, 3), (16, 64, 8, 1), (16, 64, 8, 2), (64, 16, 8, 1), (64, 16, 8, 2),
-                   (64, 16, 8, 3), (64, 32, 8, 1), (64, 32, 8, 2), (64, 32, 8, 3), (32, 32, 8, 2)]
+#: Each is timed with and without the lazy rescale (head_batched.py).
+TILE_CANDIDATES = [(16, 16, 4, 1), (16, 32, 8, 2), (16, 64, 8, 1), (16, 64, 8, 2), (64, 16, 8, 1),
+                   (64, 16, 8, 2), (64, 16, 8, 3), (64, 32, 8, 1), (64, 32, 8, 2), (64, 32, 8, 3),
+                   (64, 64, 8, 2)]
 CHOSEN: dict = {}
 
 
@@ -105,14 +111,15 @@ def run_tiles(batches=(1, 8, 32, 128), H=64, K=512, context=8192) -> list[dict]:
     inputs = {B: make_decode_inputs(B, H, K, context=context, seed=100 + B) for B in batches}
     chk = make_decode_inputs(4, H, K, context=1024, topk_len=True, sink=True, seed=5)
     ro, rl = reference.sparse_decode(chk.q, chk.cache, chk.indices, **chk.kwargs())
-    for bh, bn, nw, ns in TILE_CANDIDATES:
-        cfg = head_batched.TileConfig(bh, bn, nw, ns, "sweep")
-        row = dict(block_h=bh, block_n=bn, num_warps=nw, num_stages=ns)
+    for (bh, bn, nw, ns), lazy in itertools.product(TILE_CANDIDATES, (False, True)):
+        cfg = head_batched.TileConfig(bh, bn, nw, ns, "sweep", lazy)
+        row = dict(block_h=bh, block_n=bn, num_warps=nw, num_stages=ns, lazy_rescale=lazy)
         try:
             with poisoned():
                 out, lse = head_batched.sparse_decode_mma(chk.q, chk.cache, chk.indices, sm_scale=512**-0.5,
                                                           cfg=cfg, **chk.kwargs())
             row["out_err"] = rel_err(out.float(), ro)
+            row["tiles"] = triton_cdiv(K, bn)
             for B, inp in inputs.items():
                 fn = lambda: head_batched.sparse_decode_mma(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5,  # noqa: E731
                                                             topk_len=None, attn_sink=None, cfg=cfg)
@@ -124,8 +131,7 @@ def run_tiles(batches=(1, 8, 32, 128), H=64, K=512, context=8192) -> list[dict]:
     ok = [r for r in rows if "error" not in r and r["out_err"] <= OUT_TOL]
     best = min(ok, key=lambda r: r[f"us_B{max(batches)}"])
     cap = bench.info().capability or "interpret"
-    head_batched.TILE_TABLE[(cap, "mma")] = head_batched.TileConfig(
-        best["block_h"], best["block_n"], best["num_warps"], best["num_stages"], "this run's sweep")
+    head_batched.TILE_TABLE[(cap, "mma")] = _cfg(best, "this run's sweep")
     CHOSEN["mma"] = best
     _log("chosen mma", best)
     return rows
@@ -136,21 +142,24 @@ def run_split(batches=BATCHES, splits=(1, 2, 4, 8, 16, 32), H=64, K=512, context
     """NSPLIT x B for the split configs fastest on one short slice (B=1 in the tile sweep,
     or all of them when run alone); the best over all B becomes the "split" entry."""
     tiles = CHOSEN.get("tile_rows") or []
+    tiles = [r for r in tiles if "error" not in r and r["out_err"] <= OUT_TOL]
     cands = sorted(tiles, key=lambda r: r["us_B1"])[:n_cfgs] if tiles else \
-        [dict(block_h=b, block_n=n, num_warps=w, num_stages=s) for b, n, w, s in TILE_CANDIDATES[8:11]]
+        [dict(block_h=b, block_n=n, num_warps=w, num_stages=s, lazy_rescale=False, us_B1=None, tiles=1)
+         for b, n, w, s in TILE_CANDIDATES[4:7]]
     rows = []
     for B in batches:
         inp = make_decode_inputs(B, H, K, context=context, seed=200 + B)
         for c in cands:
-            cfg = head_batched.TileConfig(c["block_h"], c["block_n"], c["num_warps"], c["num_stages"], "sweep")
-            chosen = split_k.choose_nsplit(B, H, K, cfg=cfg)
+            cfg = _cfg(c, "sweep")
+            chosen = min((p for p in split_k.plans(B, H, K, split_cfg=cfg) if p.use == "split"),
+                         key=lambda p: p.model_us).nsplit
             for ns in splits:
                 if ns > triton_cdiv(K, cfg.block_n):
                     continue
                 fn = lambda: split_k.sparse_decode_split(inp.q, inp.cache, inp.indices, topk_len=None,  # noqa: E731
                                                          sm_scale=512**-0.5, attn_sink=None, nsplit=ns, cfg=cfg)
                 row = dict(B=B, nsplit=ns, block_h=cfg.block_h, block_n=cfg.block_n, num_warps=cfg.num_warps,
-                           num_stages=cfg.num_stages, model_choice=ns == chosen)
+                           num_stages=cfg.num_stages, lazy_rescale=cfg.lazy_rescale, model_choice=ns == chosen)
                 try:
                     row["us"] = bench.time_ms(fn, graph=True, warmup=10, rep=50) * 1e3
                 except Exception as e:
@@ -162,15 +171,22 @@ def run_split(batches=BATCHES, splits=(1, 2, 4, 8, 16, 32), H=64, K=512, context
     # the split config whose model-chosen NSPLIT is best summed over small batches
     def score(c):
         return sum(r["us"] for r in rows if r.get("model_choice") and "us" in r and r["B"] <= 32
-                   and (r["block_h"], r["block_n"], r["num_warps"], r["num_stages"]) ==
-                   (c["block_h"], c["block_n"], c["num_warps"], c["num_stages"]))
+                   and all(r[k] == c[k] for k in _CFG_KEYS))
     best = min(cands, key=score)
     cap = bench.info().capability or "interpret"
-    head_batched.TILE_TABLE[(cap, "split")] = head_batched.TileConfig(
-        best["block_h"], best["block_n"], best["num_warps"], best["num_stages"], "this run's sweep")
-    CHOSEN["split"] = {k: best[k] for k in ("block_h", "block_n", "num_warps", "num_stages")}
+    head_batched.TILE_TABLE[(cap, "split")] = _cfg(best, "this run's sweep")
+    CHOSEN["split"] = {k: best[k] for k in _CFG_KEYS}
     _log("chosen split", CHOSEN["split"])
     return rows
+
+
+_CFG_KEYS = ("block_h", "block_n", "num_warps", "num_stages", "lazy_rescale")
+
+
+def _cfg(row, source):
+    """TileConfig from a sweep row; us_per_tile = one program's time per tile at B=1."""
+    per = row["us_B1"] / row["tiles"] if row.get("us_B1") else None
+    return head_batched.TileConfig(*(row[k] for k in _CFG_KEYS[:4]), source, row["lazy_rescale"], per)
 
 
 def triton_cdiv(a, b):

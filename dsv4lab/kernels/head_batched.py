@@ -14,7 +14,7 @@ of the top-k row and writes fp32 partials for the combine kernel in split_k.py.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -31,7 +31,8 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
                          stride_qb, stride_qh, stride_ib, stride_ob, stride_oh, stride_os,
                          HAS_TOPK_LEN: tl.constexpr, HAS_SINK: tl.constexpr, SPLIT: tl.constexpr,
                          BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-                         D: tl.constexpr, NOPE: tl.constexpr, DOT: tl.constexpr):
+                         D: tl.constexpr, NOPE: tl.constexpr, DOT: tl.constexpr,
+                         LAZY_RESCALE: tl.constexpr = False):
     b = tl.program_id(0)
     hb = tl.program_id(1)
     sp = tl.program_id(2)
@@ -59,12 +60,27 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
         kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, page_size, page_bytes, NOPE, D, DOT)
         s = tl.dot(q, tl.trans(kv)) * qk_scale                      # [BLOCK_H, BLOCK_N], log2 units
         s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.math.exp2(m_i - m_new)
-        p = tl.math.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT), kv)
-        m_i = m_new
+        m_tile = tl.max(s, axis=1)
+        if LAZY_RESCALE:
+            # FlashAttention-3's trick: keep a stale running max unless a row's max grows by
+            # more than 2^8; p <= 256 stays exact enough in fp32 and the [BLOCK_H, 512]
+            # rescale of acc is skipped on almost every tile.
+            grow = m_tile > m_i + 8.0
+            if tl.sum(grow.to(tl.int32), axis=0) > 0:
+                m_new = tl.where(grow, m_tile, m_i)
+                alpha = tl.math.exp2(m_i - m_new)
+                l_i = l_i * alpha
+                acc = acc * alpha[:, None]
+                m_i = m_new
+        else:
+            m_new = tl.maximum(m_i, m_tile)
+            alpha = tl.math.exp2(m_i - m_new)
+            l_i = l_i * alpha
+            acc = acc * alpha[:, None]
+            m_i = m_new
+        p = tl.math.exp2(s - m_i[:, None])
+        l_i = l_i + tl.sum(p, axis=1)
+        acc = tl.dot(p.to(DOT), kv, acc)          # accumulate in place: no second [BLOCK_H, 512]
     has = l_i > 0.0
     lse = tl.where(has, (m_i + tl.math.log2(tl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
     out = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -87,6 +103,8 @@ class TileConfig:
     num_warps: int
     num_stages: int
     source: str = ""
+    lazy_rescale: bool = False
+    us_per_tile: float | None = None   # measured: one program's time per BLOCK_N tile (split_k model)
 
 
 #: Tile choices per (device, use). "mma": the stage-2 kernel, tuned for throughput at
@@ -115,8 +133,8 @@ def tile_config(num_heads: int | None = None, *, split: bool = False) -> TileCon
     cfg = TILE_TABLE.get((key, use), TILE_TABLE[("default", use)])
     if num_heads is not None and num_heads < cfg.block_h:
         # fewer heads than a block (tensor parallelism): shrink, tl.dot needs >= 16 rows
-        cfg = TileConfig(max(16, triton.next_power_of_2(num_heads)), cfg.block_n, cfg.num_warps,
-                         cfg.num_stages, cfg.source + " (shrunk to H)")
+        cfg = replace(cfg, block_h=max(16, triton.next_power_of_2(num_heads)),
+                      source=cfg.source + " (shrunk to H)")
     return cfg
 
 
@@ -141,6 +159,7 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, *, nsplit
         out.stride(2) if split else 0,
         HAS_TOPK_LEN=topk_len is not None, HAS_SINK=attn_sink is not None, SPLIT=split,
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, D=D, NOPE=448, DOT=dot_dtype(),
+        LAZY_RESCALE=cfg.lazy_rescale,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 

@@ -11,8 +11,14 @@ Slices with no valid token have lse_i = -inf and weigh 0; a row with none at all
 gives o = 0, lse = -inf; the sink is applied once, after the merge.
 NSPLIT depends only on (B, H, K) and the SM count, never on data, and the
 workspace is allocated once per shape, so both launches capture in a CUDA graph.
+
+``auto`` picks, per shape, between the stage-2 launch (BLOCK_H 64: fewest bytes and
+instructions per token, best once the grid fills the chip) and split-K with the
+latency-tuned tiles, by the time model in :func:`plans`.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -23,25 +29,58 @@ from ..device import info, is_interpret
 from . import common, head_batched
 from .common import alloc, finish, out_dtype
 
-#: programs per SM the split aims for: one full wave
-WAVES = 1.0
 MAX_SPLIT = 16
+#: fixed cost of the second (combine) launch inside a CUDA graph, us; fitted to the
+#: H200 split sweep (data/runs/h200/split.json: B=1 time minus one tile's time)
+COMBINE_US = 3.0
 
 
 def sm_count() -> int:
     return 4 if is_interpret() else info().sm_count
 
 
-def choose_nsplit(B: int, H: int, K: int, *, sms: int | None = None, cfg=None) -> int:
-    """Slices per (batch, head block): enough programs for WAVES waves on the SMs, each slice
-    a whole number of BLOCK_N tiles, at most MAX_SPLIT. Depends on shapes only (graph-safe)."""
-    cfg = cfg or head_batched.tile_config(H, split=True)
+@dataclass(frozen=True)
+class Plan:
+    """What ``auto`` launches for one shape, and the time the model expects."""
+    use: str            # "mma" or "split"
+    cfg: object         # head_batched.TileConfig
+    nsplit: int
+    programs: int
+    waves: int
+    tiles_per_program: int
+    model_us: float
+
+
+def plans(B: int, H: int, K: int, *, sms: int | None = None, mma_cfg=None, split_cfg=None) -> list[Plan]:
+    """Every candidate launch, with its modeled time
+
+        waves x tiles per program x (measured us per tile of that config) [+ COMBINE_US]
+
+    where waves = ceil(programs / SMs). Programs of one wave run side by side, so a
+    launch costs as long as its longest chain of tiles times the number of waves. The
+    us-per-tile figures come from the recorded tile sweep (TileConfig.us_per_tile)."""
     sms = sms or sm_count()
-    base = B * triton.cdiv(H, cfg.block_h)
-    tiles = triton.cdiv(K, cfg.block_n)
-    want = triton.cdiv(int(sms * WAVES), base)
-    n = max(1, min(want, MAX_SPLIT, tiles))
-    return triton.cdiv(tiles, triton.cdiv(tiles, n))     # no empty trailing slice
+    out = []
+    for use in ("mma", "split"):
+        cfg = (split_cfg if use == "split" else mma_cfg) or head_batched.tile_config(H, split=use == "split")
+        tiles = triton.cdiv(K, cfg.block_n)
+        for n in range(1, (min(MAX_SPLIT, tiles) if use == "split" else 1) + 1):
+            per = triton.cdiv(tiles, n)
+            n_eff = triton.cdiv(tiles, per)          # no empty trailing slice
+            if n_eff != n:
+                continue
+            progs = B * triton.cdiv(H, cfg.block_h) * n
+            waves = triton.cdiv(progs, sms)
+            t = waves * per * (cfg.us_per_tile or 1.0) + (COMBINE_US if n > 1 else 0.0)
+            out.append(Plan(use, cfg, n, progs, waves, per, t))
+    return out
+
+
+def choose(B: int, H: int, K: int, *, sms: int | None = None, min_split: int = 1) -> Plan:
+    """The modeled-fastest plan; depends on shapes only, so it is fixed per batch size
+    and a CUDA graph captured for that size replays the same launches."""
+    cands = [p for p in plans(B, H, K, sms=sms) if p.nsplit >= min_split] or plans(B, H, K, sms=sms)
+    return min(cands, key=lambda p: (p.model_us, p.nsplit))
 
 
 @triton.jit
@@ -83,16 +122,16 @@ def workspace(B, H, nsplit, device):
     return _WORKSPACE[key]
 
 
-def sparse_decode_split(q, cache, indices, *, topk_len, sm_scale, attn_sink, nsplit=None, cfg=None):
+def sparse_decode_split(q, cache, indices, *, topk_len, sm_scale, attn_sink, nsplit, cfg):
+    """The head-batched kernel body on ``nsplit`` slices of each top-k row, then the merge.
+    With nsplit == 1 the kernel writes the answer directly (no workspace, no combine)."""
     B, H, D = q.shape
     q = q.contiguous()
     indices = indices.contiguous()
-    cfg = cfg or head_batched.tile_config(H, split=True)
-    nsplit = nsplit or choose_nsplit(B, H, indices.shape[1], cfg=cfg)
     out = alloc((B, H, D), out_dtype(), q.device)
     lse = alloc((B, H), torch.float32, q.device)
-    if nsplit == 1:   # nothing to merge: the stage-2 kernel (with its own tiles) writes the answer
-        head_batched.launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse)
+    if nsplit == 1:
+        head_batched.launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, cfg=cfg)
         return finish(out), lse
     o_part, lse_part = workspace(B, H, nsplit, q.device)
     if common._POISON[0]:
@@ -109,15 +148,22 @@ def sparse_decode_split(q, cache, indices, *, topk_len, sm_scale, attn_sink, nsp
 
 @register("sparse_decode", "splitk")
 def sparse_decode_splitk(q, cache, indices, *, topk_len, sm_scale, attn_sink):
-    # always split (at least 2 slices) so that this impl exercises the merge path
+    """Always split (at least 2 slices, when K allows) with the split tiles, so this impl
+    always exercises the merge path; NSPLIT from the same model as auto."""
+    B, H, _ = q.shape
     K = indices.shape[1]
-    nsplit = max(2, choose_nsplit(q.shape[0], q.shape[1], K)) if K > 1 else 1
+    cfg = head_batched.tile_config(H, split=True)
+    splittable = triton.cdiv(K, cfg.block_n) > 1
+    plan = choose(B, H, K, min_split=2 if splittable else 1)
+    if plan.use != "split":
+        plan = min((p for p in plans(B, H, K) if p.use == "split"), key=lambda p: p.model_us)
     return sparse_decode_split(q, cache, indices, topk_len=topk_len, sm_scale=sm_scale,
-                               attn_sink=attn_sink, nsplit=nsplit)
+                               attn_sink=attn_sink, nsplit=plan.nsplit, cfg=plan.cfg)
 
 
 @register("sparse_decode", "auto")
 def sparse_decode_auto(q, cache, indices, *, topk_len, sm_scale, attn_sink):
-    """mma when one wave is already full (choose_nsplit == 1), else split-K."""
+    """The plan with the smallest modeled time (see plans()): mma, or split-K with NSPLIT >= 1."""
+    plan = choose(q.shape[0], q.shape[1], indices.shape[1])
     return sparse_decode_split(q, cache, indices, topk_len=topk_len, sm_scale=sm_scale,
-                               attn_sink=attn_sink)
+                               attn_sink=attn_sink, nsplit=plan.nsplit, cfg=plan.cfg)
