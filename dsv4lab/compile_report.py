@@ -26,12 +26,12 @@ from triton.compiler import ASTSource
 # report describes a kernel that never runs (unvectorized loads, different registers).
 _PTR = {"Q": "*bf16", "KV_FP8": "*fp8e4nv", "KV_U8": "*u8", "KV_BF16": "*bf16", "IDX": "*i32",
         "TOPK_LEN": "*i32", "SINK": "*fp32", "O": "*bf16", "LSE": "*fp32"}
-_DIV16 = {"page_bytes", "page_size", "stride_qb", "stride_qh", "stride_ib", "stride_ob", "stride_oh", "K",
+_DIV16 = {"stride_qb", "stride_qh", "stride_ib", "stride_ob", "stride_oh", "K",
           "split_len"}
 
 
 def compile_kernel(fn, constexprs: dict, *, num_warps=4, num_stages=2, arch=90, fp32_args=("qk_scale",),
-                   ptr_types=None):
+                   ptr_types=None, maxnreg=None):
     """triton.compile ``fn`` for sm_``arch``; returns the compiled kernel (asm dict inside)."""
     ptr_types = {**_PTR, **(ptr_types or {})}
     names = fn.arg_names
@@ -50,7 +50,8 @@ def compile_kernel(fn, constexprs: dict, *, num_warps=4, num_stages=2, arch=90, 
                 attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in constexprs.items()}, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                          options=dict(num_warps=num_warps, num_stages=num_stages))
+                          options=dict(num_warps=num_warps, num_stages=num_stages,
+                                       **({"maxnreg": maxnreg} if maxnreg else {})))
 
 
 def report(kernel, arch=90) -> dict:
@@ -74,17 +75,18 @@ def report(kernel, arch=90) -> dict:
 
 
 def head_batched_report(block_h, block_n, num_warps, num_stages, *, split=False, arch=90,
-                        lazy_rescale=False) -> dict:
+                        lazy_rescale=False, maxnreg=None) -> dict:
     from .kernels.head_batched import _head_batched_kernel
-    k = compile_kernel(_head_batched_kernel, dict(HAS_TOPK_LEN=False, HAS_SINK=False, SPLIT=split,
+    k = compile_kernel(_head_batched_kernel, dict(PAGE_SIZE=64, PAGE_BYTES=37440, HAS_TOPK_LEN=False, HAS_SINK=False, SPLIT=split,
                                                   BLOCK_H=block_h, BLOCK_N=block_n, D=512, NOPE=448,
                                                   DOT=triton.language.bfloat16, LAZY_RESCALE=lazy_rescale),
-                       num_warps=num_warps, num_stages=num_stages, arch=arch)
-    return {"block_h": block_h, "block_n": block_n, "num_warps": num_warps, "num_stages": num_stages,
+                       num_warps=num_warps, num_stages=num_stages, arch=arch, maxnreg=maxnreg)
+    return {"maxnreg": maxnreg, "block_h": block_h, "block_n": block_n, "num_warps": num_warps, "num_stages": num_stages,
             "lazy_rescale": lazy_rescale, "arch": arch, **report(k, arch)}
 
 
 if __name__ == "__main__":
     import dsv4lab  # noqa: F401
-    args = [int(a) for a in sys.argv[1:6]] or [64, 32, 8, 2]
-    print(head_batched_report(*args[:4], lazy_rescale=bool(args[4:5] and args[4])))
+    args = [int(a) for a in sys.argv[1:7]] or [64, 32, 8, 2]
+    print(head_batched_report(*args[:4], lazy_rescale=bool(args[4:5] and args[4]),
+                              maxnreg=(args[5:6] or [None])[0] or None))

@@ -19,7 +19,7 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def gather_kv_tile(kv_fp8, kv_u8, kv_bf16, tok, valid, page_size, page_bytes,
+def gather_kv_tile(kv_fp8, kv_u8, kv_bf16, tok, valid, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr,
                    NOPE: tl.constexpr, D: tl.constexpr, OUT: tl.constexpr):
     """tok [BLOCK_N] int token ids (any value where ~valid) -> OUT [BLOCK_N, D]; invalid rows are 0.
 
@@ -32,12 +32,12 @@ def gather_kv_tile(kv_fp8, kv_u8, kv_bf16, tok, valid, page_size, page_bytes,
     Each load touches only the bytes it needs, so no full-width masked loads."""
     G: tl.constexpr = D // 64
     safe = tl.where(valid, tok, 0).to(tl.int64)
-    page = safe // page_size
-    slot = safe % page_size
-    # page_bytes and page_size*576 are multiples of 576: tell the compiler, so the
+    page = safe // PAGE_SIZE          # constexpr: shifts for 64/256, not a division subroutine
+    slot = safe % PAGE_SIZE
+    # page bytes and PAGE_SIZE*576 are multiples of 576: tell the compiler, so the
     # gathers become 16-byte vector loads instead of one byte per pointer
-    data = tl.multiple_of(page * page_bytes + slot * 576, 64)     # token's data bytes
-    scl = tl.multiple_of(page * page_bytes + page_size * 576 + slot * 8, 8)  # its 8 scale bytes
+    data = tl.multiple_of(page * PAGE_BYTES + slot * 576, 64)     # token's data bytes
+    scl = tl.multiple_of(page * PAGE_BYTES + PAGE_SIZE * 576 + slot * 8, 8)  # its 8 scale bytes
     g = tl.arange(0, G)
     j = tl.arange(0, 64)
     is_nope = g < NOPE // 64

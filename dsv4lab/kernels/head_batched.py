@@ -27,8 +27,9 @@ from .common import LOG2E, alloc, cache_views, dot_dtype, finish, gather_kv_tile
 
 @triton.jit
 def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
-                         qk_scale, K, H, split_len, page_size, page_bytes,
+                         qk_scale, K, H, split_len,
                          stride_qb, stride_qh, stride_ib, stride_ob, stride_oh, stride_os,
+                         PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr,
                          HAS_TOPK_LEN: tl.constexpr, HAS_SINK: tl.constexpr, SPLIT: tl.constexpr,
                          BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
                          D: tl.constexpr, NOPE: tl.constexpr, DOT: tl.constexpr,
@@ -57,7 +58,7 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
         pos = start + t
         tok = tl.load(IDX + b * stride_ib + pos, mask=pos < hi, other=-1)
         valid = (pos < hi) & (tok >= 0)
-        kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, page_size, page_bytes, NOPE, D, DOT)
+        kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, DOT)
         s = tl.dot(q, tl.trans(kv)) * qk_scale                      # [BLOCK_H, BLOCK_N], log2 units
         s = tl.where(valid[None, :], s, float("-inf"))
         m_tile = tl.max(s, axis=1)
@@ -154,9 +155,10 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, *, nsplit
         q, fp8, u8, bf16, indices,
         topk_len if topk_len is not None else lse,
         attn_sink if attn_sink is not None else lse,
-        out, lse, sm_scale * LOG2E, K, H, split_len, cache.page_size, cache.page_bytes,
+        out, lse, sm_scale * LOG2E, K, H, split_len,
         q.stride(0), q.stride(1), indices.stride(0), out.stride(0), out.stride(1),
         out.stride(2) if split else 0,
+        PAGE_SIZE=cache.page_size, PAGE_BYTES=cache.page_bytes,
         HAS_TOPK_LEN=topk_len is not None, HAS_SINK=attn_sink is not None, SPLIT=split,
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, D=D, NOPE=448, DOT=dot_dtype(),
         LAZY_RESCALE=cfg.lazy_rescale,

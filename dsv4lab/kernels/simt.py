@@ -21,9 +21,10 @@ NUM_WARPS = 4
 
 @triton.jit
 def _simt_decode_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
-                        qk_scale, K, H, page_size, page_bytes,
+                        qk_scale, K, H,
                         stride_qb, stride_qh, stride_ib, stride_ob, stride_oh,
-                        HAS_TOPK_LEN: tl.constexpr, HAS_SINK: tl.constexpr,
+                        PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr,
+                         HAS_TOPK_LEN: tl.constexpr, HAS_SINK: tl.constexpr,
                         BLOCK_T: tl.constexpr, D: tl.constexpr, NOPE: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -40,7 +41,7 @@ def _simt_decode_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
         pos = start + t
         tok = tl.load(IDX + b * stride_ib + pos, mask=pos < n_valid, other=-1)
         valid = (pos < n_valid) & (tok >= 0)
-        kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, page_size, page_bytes, NOPE, D, tl.float32)
+        kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, tl.float32)
         s = tl.sum(q[None, :] * kv, axis=1)
         s = tl.where(valid, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=0))
@@ -75,8 +76,9 @@ def sparse_decode_simt(q, cache, indices, *, topk_len, sm_scale, attn_sink):
         q, fp8, u8, bf16, indices,
         topk_len if topk_len is not None else dummy,
         attn_sink if attn_sink is not None else dummy,
-        out, lse, sm_scale * LOG2E, indices.shape[1], H, cache.page_size, cache.page_bytes,
+        out, lse, sm_scale * LOG2E, indices.shape[1], H,
         q.stride(0), q.stride(1), indices.stride(0), out.stride(0), out.stride(1),
+        PAGE_SIZE=cache.page_size, PAGE_BYTES=cache.page_bytes,
         HAS_TOPK_LEN=topk_len is not None, HAS_SINK=attn_sink is not None,
         BLOCK_T=BLOCK_T, D=D, NOPE=448, num_warps=NUM_WARPS)
     return finish(out), lse
