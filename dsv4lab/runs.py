@@ -1,0 +1,117 @@
+"""Recorded GPU runs (data/runs/<run>/<part>.json) and the campaign's published
+tables (data/campaign/*.csv), as dicts and pandas DataFrames.
+
+Notebooks read these at run time and never copy a number out of them: a newer
+recorded run replaces the JSON files and every notebook follows. On a GPU,
+:func:`measure_decode` produces the same table live.
+
+The data folder sits beside the package in a repo checkout (editable install);
+set ``DSV4LAB_DATA`` to use another one.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+
+DATA_ENV = "DSV4LAB_DATA"
+
+
+def data_dir() -> Path:
+    """The lab's data folder: $DSV4LAB_DATA, else ``data/`` next to the package."""
+    path = Path(os.environ.get(DATA_ENV) or Path(__file__).resolve().parent.parent / "data")
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"dsv4lab's data folder {path} does not exist. The recorded runs ship with the repo "
+            f"checkout, not with the package: install the lab editable from a clone "
+            f"(pip install -e .) or point {DATA_ENV} at a copy of its data/ folder.")
+    return path
+
+
+def available() -> list[str]:
+    """Names of the recorded runs (folders of data/runs/ holding a device.json)."""
+    root = data_dir() / "runs"
+    return sorted(p.parent.name for p in root.glob("*/device.json"))
+
+
+def load(part: str, run: str = "h200") -> dict:
+    """One recorded part ("device", "checks", "decode", "tiles", "split") as the JSON dict."""
+    folder = data_dir() / "runs" / run
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no recorded run {run!r} in {folder.parent}; available: {available()}")
+    path = folder / f"{part}.json"
+    if not path.exists():
+        parts = sorted(p.stem for p in folder.glob("*.json"))
+        raise FileNotFoundError(f"run {run!r} has no part {part!r}; it has {parts}")
+    with open(path) as f:
+        return json.load(f)
+
+
+def table(part: str, run: str = "h200") -> pd.DataFrame:
+    """The rows of a recorded part as a DataFrame (list cells, e.g. a check's case, become tuples)."""
+    rows = load(part, run).get("rows")
+    if rows is None:
+        raise KeyError(f"part {part!r} of run {run!r} has no rows (device.json holds only the environment)")
+    df = pd.DataFrame(rows)
+    for col in df.columns:
+        if df[col].map(lambda v: isinstance(v, list)).any():
+            df[col] = df[col].map(lambda v: tuple(v) if isinstance(v, list) else v)
+    return df
+
+
+def ceilings(run: str = "h200"):
+    """The run's measured ceilings as a dsv4lab.device.Ceilings."""
+    from .device import Ceilings
+    c = load("device", run)["ceilings"]
+    return Ceilings(c["copy_tb_s"], c["bf16_tflops"], c.get("how", ""))
+
+
+def provenance(part: str = "device", run: str = "h200") -> str:
+    """One line saying where, when and with what a recorded part was measured."""
+    d = load(part, run)
+    dev = d["device"]
+    return (f"RECORDED (not live): {dev['name']}, {dev['sm_count']} SMs, capability {dev['capability']}; "
+            f"torch {d['torch']}, triton {d['triton']}, sglang {d.get('sglang')}; {d['date']} "
+            f"[data/runs/{run}/{part}.json]")
+
+
+def tile_choice(use: str = "mma", run: str = "h200") -> dict:
+    """The tile config the recorded run used for ``use`` ("mma" or "split") on its own device."""
+    d = load("tiles" if use == "mma" else "split", run)
+    key = f"{d['device']['capability']}/{use}"
+    return dict(d["tile_table"][key])
+
+
+def campaign(name: str) -> pd.DataFrame:
+    """A table the story published: "story_profile", "story_throughput" or "story_facts"
+    (the "story_" prefix may be left out)."""
+    folder = data_dir() / "campaign"
+    stem = name.removesuffix(".csv")
+    for cand in (stem, f"story_{stem}"):
+        if (folder / f"{cand}.csv").exists():
+            return pd.read_csv(folder / f"{cand}.csv")
+    raise FileNotFoundError(f"no campaign table {name!r}; have {sorted(p.stem for p in folder.glob('*.csv'))}")
+
+
+def measure_decode(impls, batches, shapes=None, *, seed_base: int = 0) -> pd.DataFrame:
+    """Time ``impls`` at each batch size live (GPU only), with the recorded table's columns.
+
+    Same inputs as the recorded run: ``shapes.context`` tokens per request, pages of 64.
+    The first impl in ``impls`` is the baseline for ``speedup_vs_baseline``.
+    """
+    from . import bench
+    from .config import shapes as _shapes
+    from .testing import make_decode_inputs
+    s = shapes or _shapes()
+    rows = []
+    for B in batches:
+        inp = make_decode_inputs(B, s.heads, s.topk, context=s.context, page_size=s.page_size, seed=seed_base + B)
+        base = None
+        for impl in impls:
+            row = bench.decode_row(impl, inp, baseline_us=base)
+            base = base or row["graph_us"]
+            rows.append(row)
+        del inp
+    return pd.DataFrame(rows)

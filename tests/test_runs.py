@@ -1,0 +1,75 @@
+"""The recorded runs under data/runs/ carry their provenance, and dsv4lab.runs reads them."""
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from dsv4lab import runs
+
+RUN_FILES = sorted((Path(__file__).resolve().parent.parent / "data" / "runs").glob("*/*.json"))
+
+
+def test_there_are_recorded_runs():
+    assert RUN_FILES, "no recorded run under data/runs/"
+    assert "h200" in runs.available()
+
+
+@pytest.mark.parametrize("path", RUN_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_recorded_json_has_provenance(path):
+    d = json.loads(path.read_text())
+    assert isinstance(d.get("date"), str) and d["date"][:4].isdigit()
+    dev = d["device"]
+    assert dev["name"] and isinstance(dev["sm_count"], int) and dev["sm_count"] > 0
+    assert isinstance(dev["capability"], str) and "." in dev["capability"]
+    assert d["torch"] and d["triton"]
+    c = d["ceilings"]
+    assert c["copy_tb_s"] > 0 and c["bf16_tflops"] > 0
+
+
+@pytest.mark.parametrize("part", ["checks", "decode", "tiles", "split"])
+def test_table_loads_rows(part):
+    df = runs.table(part)
+    assert isinstance(df, pd.DataFrame) and len(df) > 0
+    assert len(df) == len(runs.load(part)["rows"])
+
+
+def test_decode_table_columns():
+    df = runs.table("decode")
+    assert {"impl", "B", "graph_us", "eager_us"} <= set(df.columns)
+    assert {"simt", "sglang", "mma", "splitk", "auto"} <= set(df["impl"])
+
+
+def test_ceilings_and_provenance():
+    c = runs.ceilings()
+    assert c.ridge_flop_per_byte > 0
+    line = runs.provenance("decode")
+    assert "RECORDED" in line and runs.load("decode")["device"]["name"] in line
+
+
+def test_tile_choice_is_a_config():
+    for use in ("mma", "split"):
+        cfg = runs.tile_choice(use)
+        assert {"block_h", "block_n", "num_warps", "num_stages"} <= set(cfg)
+
+
+@pytest.mark.parametrize("name", ["story_profile", "throughput", "story_facts.csv"])
+def test_campaign_tables(name):
+    assert len(runs.campaign(name)) > 0
+
+
+def test_clear_errors():
+    with pytest.raises(FileNotFoundError, match="available"):
+        runs.load("decode", run="no-such-run")
+    with pytest.raises(FileNotFoundError, match="no part"):
+        runs.load("no-such-part")
+    with pytest.raises(KeyError, match="no rows"):
+        runs.table("device")
+    with pytest.raises(FileNotFoundError, match="campaign"):
+        runs.campaign("nope")
+
+
+def test_missing_data_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv(runs.DATA_ENV, str(tmp_path / "absent"))
+    with pytest.raises(FileNotFoundError, match=runs.DATA_ENV):
+        runs.available()
