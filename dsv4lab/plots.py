@@ -1,0 +1,149 @@
+"""Matplotlib helpers the notebooks share. Each draws on axes it is given and
+returns them, so a notebook decides the figure layout."""
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.patches import Rectangle
+
+
+def _ceil(c, key):
+    return c[key] if isinstance(c, dict) else getattr(c, key)
+
+
+def roofline(ax, ceilings, points):
+    """Log-log roofline: memory roof (copy TB/s x intensity), compute roof (bf16 TFLOP/s),
+    the ridge point, and ``points`` (rows with label, intensity in FLOP/B and, if
+    measured, tflops; a point without tflops sits on the roof: what it could reach)."""
+    bw, peak = _ceil(ceilings, "copy_tb_s"), _ceil(ceilings, "bf16_tflops")
+    ridge = peak / bw
+    pts = pd.DataFrame(points)
+    if "tflops" not in pts:
+        pts["tflops"] = np.nan
+    roof = np.minimum(bw * pts["intensity"], peak)
+    pts["tflops"] = pts["tflops"].fillna(roof)
+    lo = min(pts["intensity"].min(), ridge) / 4
+    hi = max(pts["intensity"].max(), ridge) * 4
+    x = np.geomspace(lo, hi, 200)
+    ax.loglog(x, np.minimum(bw * x, peak), color="black", lw=2,
+              label=f"roof: {bw:.2f} TB/s x intensity, capped at {peak:.0f} TFLOP/s")
+    ax.axvline(ridge, color="gray", ls=":")
+    ax.plot([ridge], [peak], "D", color="black", ms=7, label=f"ridge point: {ridge:.0f} FLOP/B")
+    markers = "os^vP*Xh"
+    for i, r in enumerate(pts.itertuples()):
+        ax.plot(r.intensity, r.tflops, markers[i % len(markers)], ms=8, color=f"C{i % 10}",
+                label=f"{r.label} ({r.intensity:.3g} FLOP/B, {r.tflops:.3g} TFLOP/s)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))   # outside: measured points sit low right
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel("TFLOP/s")
+    ax.grid(True, which="major", alpha=0.3)
+    return ax
+
+
+def time_vs_batch(ax, df, impls, floor_us=None, col="graph_us"):
+    """Time per call vs batch, one line per impl (log-log); ``floor_us`` (a Series or dict
+    B -> us) is drawn dashed: no implementation can go below it."""
+    for impl in impls:
+        d = df[df["impl"] == impl].dropna(subset=[col]).sort_values("B")
+        ax.loglog(d["B"], d[col], "o-", label=impl)
+    if floor_us is not None:
+        f = pd.Series(floor_us).sort_index()
+        ax.loglog(f.index, f.values, "k--", label="floor (bytes or FLOPs at the ceilings)")
+    bs = sorted(df["B"].unique())
+    ax.set_xticks(bs, [str(b) for b in bs])
+    ax.minorticks_off()
+    ax.set_xlabel("batch B")
+    ax.set_ylabel(f"{col.replace('_us', '')} time per call (us)")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def split_heatmap(ax, df, value="us"):
+    """NSPLIT x B heat map of one tile config's sweep. Colour = time over the best NSPLIT
+    at that B (1.0 = best); each cell shows the time in us; a box marks the model's
+    choice (``model_choice``), a dot the measured best."""
+    grid = df.pivot_table(index="nsplit", columns="B", values=value, aggfunc="min")
+    rel = grid / grid.min()
+    im = ax.imshow(rel.values, cmap="viridis_r", vmin=1, vmax=min(4, np.nanmax(rel.values)), aspect="auto",
+                   origin="lower")
+    ax.set_xticks(range(len(grid.columns)), [str(b) for b in grid.columns])
+    ax.set_yticks(range(len(grid.index)), [str(n) for n in grid.index])
+    ax.set_xlabel("batch B")
+    ax.set_ylabel("NSPLIT")
+    for i, n in enumerate(grid.index):
+        for j, b in enumerate(grid.columns):
+            v = grid.loc[n, b]
+            if not math.isnan(v):
+                ax.text(j, i, f"{v:.0f}", ha="center", va="center", fontsize=7,
+                        color="white" if rel.loc[n, b] > 2 else "black")
+    chosen = df[df["model_choice"].astype(bool)] if "model_choice" in df else df.iloc[:0]
+    for r in chosen.itertuples():
+        i, j = list(grid.index).index(r.nsplit), list(grid.columns).index(r.B)
+        ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, ec="red", lw=2))
+    best = grid.idxmin()
+    ax.plot(range(len(best)), [list(grid.index).index(n) for n in best], "w.", ms=4)
+    plt.colorbar(im, ax=ax, label="time / best time at this B")
+    ax.set_title("red box: model's choice; dot: measured best", fontsize=9)
+    return ax
+
+
+def tile_label(row) -> str:
+    """'64x32 w8 s2' (+ ' lazy') for a tile-sweep row."""
+    lazy = " lazy" if bool(row.get("lazy_rescale", False)) else ""
+    return f"{int(row['block_h'])}x{int(row['block_n'])} w{int(row['num_warps'])} s{int(row['num_stages'])}{lazy}"
+
+
+def tile_bars(ax, df, col="us_B128", chosen=None):
+    """Horizontal bars: time of each tile config at one batch (``col``), fastest at the top;
+    the ``chosen`` config (a dict with block_h, block_n, num_warps, num_stages) in red."""
+    d = df.dropna(subset=[col]).assign(label=lambda t: t.apply(tile_label, axis=1)).sort_values(col, ascending=False)
+    keys = ("block_h", "block_n", "num_warps", "num_stages")
+    is_chosen = d.apply(lambda r: chosen is not None and all(r[k] == chosen[k] for k in keys
+                                                              if k in chosen), axis=1)
+    ax.barh(d["label"], d[col], color=np.where(is_chosen, "C3", "C0"))
+    ax.set_xlabel(f"{col.replace('us_', 'time at ')} (us, graph replay)")
+    ax.set_ylabel("BLOCK_H x BLOCK_N, warps, stages")
+    ax.tick_params(axis="y", labelsize=7)
+    return ax
+
+
+def traffic_diagram(axes, H, block_h, n_tiles=8):
+    """Who reads each gathered KV tile of one query, SIMT vs head-batched.
+
+    Rows are heads, columns the KV tiles of the top-k row. A cell's colour is the
+    program that loads that tile for that head: in the (B, H) SIMT grid every head is
+    its own program, so each tile is fetched H times; with BLOCK_H heads per program it
+    is fetched ceil(H / BLOCK_H) times. Returns {scheme: reads of each tile}."""
+    reads = {}
+    for ax, (name, per) in zip(axes, [("SIMT grid (B, H)", 1), (f"head-batched, BLOCK_H={block_h}", block_h)]):
+        prog = np.repeat(np.arange(H) // per, n_tiles).reshape(H, n_tiles)
+        n_prog = math.ceil(H / per)
+        ax.imshow(prog % 20, cmap="tab20", vmin=0, vmax=19, aspect="auto", interpolation="nearest")
+        for p in range(1, n_prog):      # a line where one program's heads end
+            ax.axhline(p * per - 0.5, color="white", lw=0.6 if n_prog > 16 else 1.5)
+        ax.set_xticks(range(n_tiles), [f"t{i}" for i in range(n_tiles)], fontsize=7)
+        ax.set_xlabel("gathered KV tile of one query's top-k row")
+        ax.set_ylabel(f"head (0..{H - 1})")
+        ax.set_title(f"{name}\n{n_prog} program(s) per query: each tile read {n_prog}x", fontsize=9)
+        reads[name] = n_prog
+    return reads
+
+
+def programs_vs_sms(ax, programs: dict, sms: dict):
+    """Bars of programs launched (label -> count) against horizontal lines at each device's
+    SM count (name -> SMs): below a line, that many SMs sit idle."""
+    labels = list(programs)
+    ax.bar(labels, [programs[k] for k in labels], color="C0")
+    for i, (name, n) in enumerate(sms.items()):
+        ax.axhline(n, color=f"C{i + 1}", ls="--", label=f"{name}: {n} SMs")
+    for i, k in enumerate(labels):
+        ax.text(i, programs[k], str(programs[k]), ha="center", va="bottom", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("programs (thread blocks) launched")
+    ax.tick_params(axis="x", labelsize=8)
+    ax.legend(fontsize=8)
+    return ax
