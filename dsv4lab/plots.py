@@ -8,6 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.patches import Rectangle
+from matplotlib.ticker import NullFormatter
 
 
 def _ceil(c, key):
@@ -25,8 +26,8 @@ def roofline(ax, ceilings, points):
         pts["tflops"] = np.nan
     roof = np.minimum(bw * pts["intensity"], peak)
     pts["tflops"] = pts["tflops"].fillna(roof)
-    lo = min(pts["intensity"].min(), ridge) / 4
-    hi = max(pts["intensity"].max(), ridge) * 4
+    lo = min(pts["intensity"].min(), ridge) / 30
+    hi = max(pts["intensity"].max(), ridge) * 5
     x = np.geomspace(lo, hi, 200)
     ax.loglog(x, np.minimum(bw * x, peak), color="black", lw=2,
               label=f"roof: {bw:.2f} TB/s x intensity, capped at {peak:.0f} TFLOP/s")
@@ -39,6 +40,7 @@ def roofline(ax, ceilings, points):
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))   # outside: measured points sit low right
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("TFLOP/s")
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.grid(True, which="major", alpha=0.3)
     return ax
 

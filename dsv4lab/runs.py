@@ -84,6 +84,18 @@ def tile_choice(use: str = "mma", run: str = "h200") -> dict:
     return dict(d["tile_table"][key])
 
 
+TILE_KEYS = ("block_h", "block_n", "num_warps", "num_stages", "lazy_rescale")
+
+
+def select(df: pd.DataFrame, cfg: dict) -> pd.DataFrame:
+    """The rows of a sweep table (tiles or split) that were run with tile config ``cfg``."""
+    keys = [k for k in TILE_KEYS if k in df.columns and k in cfg]
+    mask = pd.Series(True, index=df.index)
+    for k in keys:
+        mask &= df[k] == cfg[k]
+    return df[mask]
+
+
 def campaign(name: str) -> pd.DataFrame:
     """A table the story published: "story_profile", "story_throughput" or "story_facts"
     (the "story_" prefix may be left out)."""
@@ -115,3 +127,13 @@ def measure_decode(impls, batches, shapes=None, *, seed_base: int = 0) -> pd.Dat
             rows.append(row)
         del inp
     return pd.DataFrame(rows)
+
+
+def target_line(name: str, value: float, target: float, unit: str = "us", *, higher_is_better=False) -> str:
+    """One line comparing a figure with an issue's target, saying plainly whether it misses and
+    by how much. Notebooks print it; performance targets are reported, never asserted."""
+    ok = value >= target if higher_is_better else value <= target
+    verdict = "meets target" if ok else \
+        f"MISSES target by {(target / value if higher_is_better else value / target):.2f}x"
+    cmp = ">=" if higher_is_better else "<="
+    return f"{name}: {value:.3g} {unit} (target {cmp} {target:.3g} {unit}): {verdict}"

@@ -73,3 +73,9 @@ def test_missing_data_dir(monkeypatch, tmp_path):
     monkeypatch.setenv(runs.DATA_ENV, str(tmp_path / "absent"))
     with pytest.raises(FileNotFoundError, match=runs.DATA_ENV):
         runs.available()
+
+
+def test_select_rows_of_the_chosen_split_config():
+    sp = runs.table("split")
+    rows = runs.select(sp, runs.tile_choice("split"))
+    assert len(rows) > 0 and rows["B"].nunique() > 1
