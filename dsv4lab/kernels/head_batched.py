@@ -113,12 +113,15 @@ class TileConfig:
 #: one short slice. H200 entries come from the recorded sweep (data/runs/h200/tiles.json,
 #: notebook 02), after the offline compiler report ruled out configs that spill
 #: (dsv4lab.compile_report). The sm_120 entries are worked out on paper for the story's
-#: RTX PRO 6000 (188 SMs, ~99 KB shared memory per block) and NOT measured: BLOCK_H 64 x
-#: BLOCK_N 16 needs ~92 KB of shared memory on sm_90, so the 99 KB budget allows it
-#: with one stage fewer.
+#: RTX PRO 6000 (188 SMs, ~99 KB shared memory per block) and NOT measured: the H200
+#: choices need 147-172 KB of shared memory per program (compile_report), over that
+#: budget; BLOCK_H 64 x BLOCK_N 16 with one stage needs ~82 KB on sm_90, so it fits.
+#: us_per_tile (the split_k time model) is one program's time per tile at B=1.
 TILE_TABLE = {
-    ("9.0", "mma"): TileConfig(64, 32, 8, 3, "H200 sweep, data/runs/h200/tiles.json"),
-    ("9.0", "split"): TileConfig(64, 16, 8, 2, "H200 sweep, data/runs/h200/split.json"),
+    ("9.0", "mma"): TileConfig(64, 64, 8, 2, "H200 sweep, data/runs/h200/tiles.json (fastest at B=128)",
+                               us_per_tile=8.06),
+    ("9.0", "split"): TileConfig(16, 64, 8, 1, "H200 sweep, data/runs/h200/split.json (fastest at B<=32)",
+                                 us_per_tile=6.29),
     ("12.0", "mma"): TileConfig(64, 16, 8, 1, "paper estimate for RTX PRO 6000 (sm_120): not measured"),
     ("12.0", "split"): TileConfig(64, 16, 8, 1, "paper estimate for RTX PRO 6000 (sm_120): not measured"),
     ("interpret", "mma"): TileConfig(16, 16, 4, 1, "interpreter: small tiles keep numpy fast"),
