@@ -103,9 +103,9 @@ def tile_bars(ax, df, col="us_B128", chosen=None):
     """Horizontal bars: time of each tile config at one batch (``col``), fastest at the top;
     the ``chosen`` config (a dict with block_h, block_n, num_warps, num_stages) in red."""
     d = df.dropna(subset=[col]).assign(label=lambda t: t.apply(tile_label, axis=1)).sort_values(col, ascending=False)
-    keys = ("block_h", "block_n", "num_warps", "num_stages")
-    is_chosen = d.apply(lambda r: chosen is not None and all(r[k] == chosen[k] for k in keys
-                                                              if k in chosen), axis=1)
+    keys = [k for k in ("block_h", "block_n", "num_warps", "num_stages", "lazy_rescale")
+            if k in d and chosen is not None and k in chosen]
+    is_chosen = d.apply(lambda r: chosen is not None and all(r[k] == chosen[k] for k in keys), axis=1)
     ax.barh(d["label"], d[col], color=np.where(is_chosen, "C3", "C0"))
     ax.set_xlabel(f"{col.replace('us_', 'time at ')} (us, graph replay)")
     ax.set_ylabel("BLOCK_H x BLOCK_N, warps, stages")
@@ -145,6 +145,7 @@ def programs_vs_sms(ax, programs: dict, sms: dict):
     for i, k in enumerate(labels):
         ax.text(i, programs[k], str(programs[k]), ha="center", va="bottom", fontsize=8)
     ax.set_yscale("log")
+    ax.set_ylim(0.5, max(sms.values()) * 3)
     ax.set_ylabel("programs (thread blocks) launched")
     ax.tick_params(axis="x", labelsize=8)
     ax.legend(fontsize=8)

@@ -69,7 +69,7 @@ def explore_tiles(df: pd.DataFrame, chosen: dict | None = None, H=64, K=512, con
     """BLOCK_H and B over the recorded tile sweep (rows with us_B<batch> columns):
     the configs with that BLOCK_H, fastest first, at that batch."""
     batches = sorted(int(c[4:]) for c in df.columns if c.startswith("us_B"))
-    block_hs = sorted(df["block_h"].unique())
+    block_hs = sorted(int(h) for h in df["block_h"].unique())
 
     def show(block_h, B, live):
         d = df[df["block_h"] == block_h].copy()
@@ -92,8 +92,8 @@ def explore_tiles(df: pd.DataFrame, chosen: dict | None = None, H=64, K=512, con
 def explore_split(df: pd.DataFrame, H=64, K=512, context=8192):
     """NSPLIT and B over a recorded split sweep of one tile config (rows B, nsplit, us,
     model_choice): time vs NSPLIT at that B, the selected point and the model's choice."""
-    batches = sorted(df["B"].unique())
-    splits = sorted(df["nsplit"].unique())
+    batches = sorted(int(b) for b in df["B"].unique())
+    splits = sorted(int(n) for n in df["nsplit"].unique())
     cfg_row = df.iloc[0]
 
     def show(B, nsplit, live):
