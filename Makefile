@@ -28,8 +28,11 @@ install: $(STAMP)
 versions: $(STAMP)
 	@grep -iE '^(torch|triton|numpy|jupyterlab|nbval|ipywidgets|pandas|matplotlib|sglang|pytest)==' $(VENV)/versions.txt
 
+# Jupyter refuses to run as root unless told; containers often run as root.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
 lab: $(STAMP)
-	$(BIN)/jupyter lab --ip=127.0.0.1 --no-browser --notebook-dir=notebooks
+	$(BIN)/jupyter lab --ip=127.0.0.1 --no-browser --notebook-dir=notebooks $(ROOT_FLAG)
 
 test: $(STAMP)
 	@$(MAKE) --no-print-directory versions
