@@ -13,6 +13,7 @@ import time
 import traceback
 
 import torch
+import triton
 
 from . import api, bench
 from .device import ceilings, mode
@@ -94,7 +95,8 @@ def run_decode(impls=DECODE_IMPLS, batches=BATCHES, H=64, K=512, context=8192, p
 
 
 #: Configs that the offline compiler report (dsv4lab.compile_report, sm_90a) shows with no or
-#: almost no spills; the rest spill hundreds to thousands of bytes per thread and were not timed.
+#: almost no spills, plus 64 x 64 (a few hundred bytes of spills, yet the fastest at B=128 in
+#: the H200 sweeps); the rest spill up to kilobytes per thread and were not timed.
 #: Each is timed with and without the lazy rescale (head_batched.py).
 TILE_CANDIDATES = [(16, 16, 4, 1), (16, 32, 8, 2), (16, 64, 8, 1), (16, 64, 8, 2), (64, 16, 8, 1),
                    (64, 16, 8, 2), (64, 16, 8, 3), (64, 32, 8, 1), (64, 32, 8, 2), (64, 32, 8, 3),
@@ -119,7 +121,7 @@ def run_tiles(batches=(1, 8, 32, 128), H=64, K=512, context=8192) -> list[dict]:
                 out, lse = head_batched.sparse_decode_mma(chk.q, chk.cache, chk.indices, sm_scale=512**-0.5,
                                                           cfg=cfg, **chk.kwargs())
             row["out_err"] = rel_err(out.float(), ro)
-            row["tiles"] = triton_cdiv(K, bn)
+            row["tiles"] = triton.cdiv(K, bn)
             for B, inp in inputs.items():
                 fn = lambda: head_batched.sparse_decode_mma(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5,  # noqa: E731
                                                             topk_len=None, attn_sink=None, cfg=cfg)
@@ -154,7 +156,7 @@ def run_split(batches=BATCHES, splits=(1, 2, 4, 8, 16, 32), H=64, K=512, context
             chosen = min((p for p in split_k.plans(B, H, K, split_cfg=cfg) if p.use == "split"),
                          key=lambda p: p.model_us).nsplit
             for ns in splits:
-                if ns > triton_cdiv(K, cfg.block_n):
+                if ns > triton.cdiv(K, cfg.block_n):
                     continue
                 fn = lambda: split_k.sparse_decode_split(inp.q, inp.cache, inp.indices, topk_len=None,  # noqa: E731
                                                          sm_scale=512**-0.5, attn_sink=None, nsplit=ns, cfg=cfg)
@@ -187,10 +189,6 @@ def _cfg(row, source):
     """TileConfig from a sweep row; us_per_tile = one program's time per tile at B=1."""
     per = row["us_B1"] / row["tiles"] if row.get("us_B1") else None
     return head_batched.TileConfig(*(row[k] for k in _CFG_KEYS[:4]), source, row["lazy_rescale"], per)
-
-
-def triton_cdiv(a, b):
-    return -(-a // b)
 
 
 PARTS = {"tiles": run_tiles, "split": run_split, "decode": run_decode, "checks": run_checks}
