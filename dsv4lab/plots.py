@@ -87,7 +87,9 @@ def split_heatmap(ax, df, value="us"):
         i, j = list(grid.index).index(r.nsplit), list(grid.columns).index(r.B)
         ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, ec="red", lw=2))
     best = grid.idxmin()
-    ax.plot(range(len(best)), [list(grid.index).index(n) for n in best], "o", ms=5, mfc="black", mec="white")
+    # in the cell's top-right corner, clear of the number
+    ax.plot(np.arange(len(best)) + 0.33, [list(grid.index).index(n) + 0.28 for n in best], "o", ms=5,
+            mfc="black", mec="white")
     plt.colorbar(im, ax=ax, label="time / best time at this B")
     ax.set_title("number: us; red box: the model's choice; black dot: the measured best", fontsize=9)
     return ax
