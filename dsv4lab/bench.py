@@ -43,11 +43,16 @@ def time_ms(fn, *, graph=False, warmup=25, rep=100) -> float:
     return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
-def heads_per_read(impl: str, H: int) -> int:
+def heads_per_read(impl: str, H: int, B: int = 1, K: int = 512) -> int:
+    """How many heads share one gather of a KV tile: 1 for the SIMT grids, BLOCK_H of the
+    tiles the impl launches with (for auto, those of the plan it picks for this shape)."""
     if impl in ("simt", "sglang"):
         return 1
+    from .kernels import split_k
     from .kernels.head_batched import tile_config
-    return min(H, tile_config(H, split=impl in ("splitk", "auto")).block_h)
+    if impl == "auto":
+        return min(H, split_k.choose(B, H, K).cfg.block_h)
+    return min(H, tile_config(H, split=impl == "splitk").block_h)
 
 
 def decode_row(impl, inp, *, graph=True, eager=True, baseline_us=None, **kw) -> dict:
@@ -61,7 +66,7 @@ def decode_row(impl, inp, *, graph=True, eager=True, baseline_us=None, **kw) -> 
     if graph:
         row["graph_us"] = time_ms(fn, graph=True) * 1e3
     us = row.get("graph_us", row.get("eager_us"))
-    served = roofline.decode_served_bytes(B, H, K, heads_per_read(impl, H))
+    served = roofline.decode_served_bytes(B, H, K, heads_per_read(impl, H, B, K))
     floor = roofline.decode_floor_bytes(B, H, K)
     flops = roofline.decode_flops(B, H, K)
     c = ceilings()
