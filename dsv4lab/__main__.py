@@ -17,7 +17,10 @@ def _info(args):
 
 
 def _bench_decode(args):
-    from . import bench
+    from . import bench, device
+    if device.mode() != "cuda":
+        raise SystemExit("bench needs a CUDA GPU (this process runs Triton's interpreter); "
+                         "the recorded H200 runs are in data/runs/, e.g. data/runs/h200/decode.json")
     from .testing import make_decode_inputs
     import pandas as pd
     rows = []

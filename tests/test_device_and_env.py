@@ -106,3 +106,11 @@ def test_makefile_and_ci_use_the_same_command():
     assert re.search(r"^make test$", ci, re.M)
     mk = open(os.path.join(ROOT, "Makefile")).read()
     assert "sglang==0.5.23" in mk and "torch==2.13.0" in mk and "--nbval" in mk
+
+
+def test_cli_bench_without_gpu_says_why():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    r = subprocess.run([sys.executable, "-m", "dsv4lab", "bench", "decode", "--impl", "simt", "--batch", "1"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode != 0 and "bench needs a CUDA GPU" in r.stderr and "data/runs/" in r.stderr
