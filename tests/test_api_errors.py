@@ -28,11 +28,11 @@ def call(inp, impl="mma", **over):
     (lambda i: dict(indices=i.indices[:1]), ValueError, r"indices must have shape \[2, \*\]"),
     (lambda i: dict(indices=i.indices[:, :0]), ValueError, "at least one column"),
     (lambda i: dict(indices=i.indices + 100), ValueError, r"indices must be < cache.num_tokens \(32\)"),
-    (lambda i: dict(topk_len=torch.tensor([9, 1], dtype=torch.int32)), ValueError, r"topk_len must lie in \[0, K=8\]"),
-    (lambda i: dict(topk_len=torch.tensor([-1, 1], dtype=torch.int32)), ValueError, "topk_len must lie in"),
-    (lambda i: dict(topk_len=torch.tensor([1, 1])), TypeError, "topk_len must have dtype"),
-    (lambda i: dict(topk_len=torch.tensor([1], dtype=torch.int32)), ValueError, r"topk_len must have shape \[2\]"),
-    (lambda i: dict(attn_sink=torch.zeros(3)), ValueError, r"attn_sink must have shape \[4\]"),
+    (lambda i: dict(topk_len=torch.tensor([9, 1], dtype=torch.int32, device=i.q.device)), ValueError, r"topk_len must lie in \[0, K=8\]"),
+    (lambda i: dict(topk_len=torch.tensor([-1, 1], dtype=torch.int32, device=i.q.device)), ValueError, "topk_len must lie in"),
+    (lambda i: dict(topk_len=torch.tensor([1, 1], device=i.q.device)), TypeError, "topk_len must have dtype"),
+    (lambda i: dict(topk_len=torch.tensor([1], dtype=torch.int32, device=i.q.device)), ValueError, r"topk_len must have shape \[2\]"),
+    (lambda i: dict(attn_sink=torch.zeros(3, device=i.q.device)), ValueError, r"attn_sink must have shape \[4\]"),
     (lambda i: dict(sm_scale=-1.0), ValueError, "sm_scale must be a positive float"),
 ])
 def test_bad_decode_args(inp, over, exc, msg):
@@ -68,19 +68,19 @@ def test_indexer_reference_entry_points(dev):
 
 
 @pytest.mark.parametrize("over,exc,msg", [
-    (dict(q=torch.randn(2, 4, 64)), ValueError, r"q must have shape \[B, H_i, 128\]"),
-    (dict(weights=torch.randn(2, 3)), ValueError, r"weights must have shape \[2, 4\]"),
-    (dict(seq_lens=torch.tensor([70, 10])), TypeError, "seq_lens must have dtype"),
-    (dict(seq_lens=torch.tensor([129, 10], dtype=torch.int32)), ValueError, r"seq_lens must lie in \[0, max_seq_len=128\]"),
-    (dict(page_table=torch.tensor([[1, -1], [0, -1]], dtype=torch.int32)), ValueError, r"page_table\[0, 1\] = -1 is a live page"),
-    (dict(page_table=torch.tensor([[1, 5], [0, -1]], dtype=torch.int32)), ValueError, r"must lie in \[0, 2\)"),
-    (dict(max_seq_len=200), ValueError, "page_table must have at least ceil"),
-    (dict(index_cache="x"), TypeError, "index_cache must be a dsv4lab.cache.IndexKCache"),
+    (lambda d: dict(q=torch.randn(2, 4, 64, device=d)), ValueError, r"q must have shape \[B, H_i, 128\]"),
+    (lambda d: dict(weights=torch.randn(2, 3, device=d)), ValueError, r"weights must have shape \[2, 4\]"),
+    (lambda d: dict(seq_lens=torch.tensor([70, 10], device=d)), TypeError, "seq_lens must have dtype"),
+    (lambda d: dict(seq_lens=torch.tensor([129, 10], dtype=torch.int32, device=d)), ValueError, r"seq_lens must lie in \[0, max_seq_len=128\]"),
+    (lambda d: dict(page_table=torch.tensor([[1, -1], [0, -1]], dtype=torch.int32, device=d)), ValueError, r"page_table\[0, 1\] = -1 is a live page"),
+    (lambda d: dict(page_table=torch.tensor([[1, 5], [0, -1]], dtype=torch.int32, device=d)), ValueError, r"must lie in \[0, 2\)"),
+    (lambda d: dict(max_seq_len=200), ValueError, "page_table must have at least ceil"),
+    (lambda d: dict(index_cache="x"), TypeError, "index_cache must be a dsv4lab.cache.IndexKCache"),
 ])
 def test_bad_indexer_args(over, exc, msg, dev):
     q, ic, w, seq, pt = _indexer(dev)
     kw = dict(q=q, index_cache=ic, weights=w, seq_lens=seq, page_table=pt, max_seq_len=128)
-    kw.update(over)
+    kw.update(over(dev))
     with pytest.raises(exc, match=msg):
         dsv4lab.indexer_logits(kw.pop("q"), kw.pop("index_cache"), kw.pop("weights"), kw.pop("seq_lens"),
                                kw.pop("page_table"), **kw)
@@ -90,3 +90,9 @@ def test_indexer_topk_bad_k(dev):
     q, ic, w, seq, pt = _indexer(dev)
     with pytest.raises(ValueError, match="topk must be a positive int"):
         dsv4lab.indexer_topk(q, ic, w, seq, pt, max_seq_len=128, topk=0)
+
+
+def test_wrong_device_is_named(inp):
+    other = torch.device("meta")
+    with pytest.raises(ValueError, match=r"indices must be on .* \(the cache's device\)"):
+        call(inp, indices=inp.indices.to(other))
