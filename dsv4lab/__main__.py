@@ -21,22 +21,15 @@ def _bench_decode(args):
     if device.mode() != "cuda":
         raise SystemExit("bench needs a CUDA GPU (this process runs Triton's interpreter); "
                          "the recorded H200 runs are in data/runs/, e.g. data/runs/h200/decode.json")
-    from .testing import make_decode_inputs
     import pandas as pd
-    rows = []
-    for B in args.batch:
-        inp = make_decode_inputs(B, args.heads, args.topk, context=args.context, page_size=args.page_size, seed=B)
-        base = None
-        for impl in args.impl:
-            row = bench.decode_row(impl, inp, graph=not args.no_graph, baseline_us=base)
-            base = base or row.get("graph_us", row.get("eager_us"))
-            rows.append(row)
+    rows = bench.decode_table(args.impl, args.batch, H=args.heads, K=args.topk, context=args.context,
+                              page_size=args.page_size, baseline=args.impl[0], graph=not args.no_graph)
     df = pd.DataFrame(rows)
     cols = [c for c in ["impl", "B", "eager_us", "graph_us", "speedup_vs_baseline", "served_tb_s",
                         "floor_tb_s", "tflops", "bw_share", "mma_share"] if c in df]
     print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     if args.json:
-        bench.save(args.json, {**bench.environment(), "rows": rows})
+        bench.save(args.json, {**bench.environment(), "ceilings": device.ceilings().as_dict(), "rows": rows})
 
 
 def main(argv=None):

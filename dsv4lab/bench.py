@@ -82,6 +82,37 @@ def decode_row(impl, inp, *, graph=True, eager=True, baseline_us=None, **kw) -> 
     return row
 
 
+def decode_table(impls, batches, *, H=64, K=512, context=8192, page_size=64, baseline=None,
+                 graph=True, log=None) -> list[dict]:
+    """Time ``impls`` at each batch size on the campaign's inputs (request b owns ``context``
+    tokens of one paged cache, seed = B); one row per (impl, B), errors recorded, not raised.
+    ``baseline`` (an impl in ``impls``, timed before the others) sets speedup_vs_baseline;
+    ``auto`` rows also carry the plan it picked. `record`, the CLI and the notebooks share this."""
+    from .kernels import split_k
+    from .testing import make_decode_inputs
+    rows = []
+    for B in batches:
+        inp = make_decode_inputs(B, H, K, context=context, page_size=page_size, seed=B)
+        base = None
+        for impl in impls:
+            try:
+                row = decode_row(impl, inp, graph=graph, baseline_us=base)
+            except Exception as e:  # a failing impl is a row, not the end of the table
+                row = dict(impl=impl, B=B, error=repr(e)[:300])
+            if impl == baseline:
+                base = row.get("graph_us", row.get("eager_us"))
+            if impl == "auto":
+                p = split_k.choose(B, H, K)
+                row.update(plan_use=p.use, plan_nsplit=p.nsplit, plan_model_us=p.model_us,
+                           plan_programs=p.programs, plan_block_h=p.cfg.block_h, plan_block_n=p.cfg.block_n)
+            rows.append(row)
+            if log:
+                log(row)
+        del inp
+        torch.cuda.empty_cache()
+    return rows
+
+
 def environment() -> dict:
     """Device, versions and date: stamped into every recorded run."""
     import triton

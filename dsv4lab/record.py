@@ -71,27 +71,12 @@ def run_checks(impls=DECODE_IMPLS) -> list[dict]:
 
 
 def run_decode(impls=DECODE_IMPLS, batches=BATCHES, H=64, K=512, context=8192, page_size=64) -> list[dict]:
-    rows = []
-    for B in batches:
-        inp = make_decode_inputs(B, H, K, context=context, page_size=page_size, seed=B)
-        base = None
-        for impl in impls:
-            try:
-                row = bench.decode_row(impl, inp, baseline_us=base)
-            except Exception as e:
-                row = dict(impl=impl, B=B, error=repr(e)[:300])
-            if impl == "sglang" and "graph_us" in row:
-                base = row["graph_us"]
-            if impl == "auto":
-                p = split_k.choose(B, H, K)
-                row.update(plan_use=p.use, plan_nsplit=p.nsplit, plan_model_us=p.model_us,
-                           plan_programs=p.programs, plan_block_h=p.cfg.block_h, plan_block_n=p.cfg.block_n)
-            rows.append(row)
-            _log("decode", {k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()
-                            if k in ("impl", "B", "eager_us", "graph_us", "tflops", "speedup_vs_baseline", "error")})
-        del inp
-        torch.cuda.empty_cache()
-    return rows
+    """Every stage at each B, speedups against SGLang's kernel measured in the same run."""
+    def log(row):
+        _log("decode", {k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()
+                        if k in ("impl", "B", "eager_us", "graph_us", "tflops", "speedup_vs_baseline", "error")})
+    return bench.decode_table(impls, batches, H=H, K=K, context=context, page_size=page_size,
+                              baseline="sglang", log=log)
 
 
 #: Configs that the offline compiler report (dsv4lab.compile_report, sm_90a) shows with no or

@@ -107,7 +107,7 @@ def campaign(name: str) -> pd.DataFrame:
     raise FileNotFoundError(f"no campaign table {name!r}; have {sorted(p.stem for p in folder.glob('*.csv'))}")
 
 
-def measure_decode(impls, batches, shapes=None, *, seed_base: int = 0) -> pd.DataFrame:
+def measure_decode(impls, batches, shapes=None) -> pd.DataFrame:
     """Time ``impls`` at each batch size live (GPU only), with the recorded table's columns.
 
     Same inputs as the recorded run: ``shapes.context`` tokens per request, pages of 64.
@@ -115,17 +115,9 @@ def measure_decode(impls, batches, shapes=None, *, seed_base: int = 0) -> pd.Dat
     """
     from . import bench
     from .config import shapes as _shapes
-    from .testing import make_decode_inputs
     s = shapes or _shapes()
-    rows = []
-    for B in batches:
-        inp = make_decode_inputs(B, s.heads, s.topk, context=s.context, page_size=s.page_size, seed=seed_base + B)
-        base = None
-        for impl in impls:
-            row = bench.decode_row(impl, inp, baseline_us=base)
-            base = base or row["graph_us"]
-            rows.append(row)
-        del inp
+    rows = bench.decode_table(impls, batches, H=s.heads, K=s.topk, context=s.context, page_size=s.page_size,
+                              baseline=impls[0])
     return pd.DataFrame(rows)
 
 
