@@ -1,0 +1,36 @@
+"""auto's rule (split_k.plans/choose): depends on shapes only, and picks split-K where the
+grid is too small for the chip and the stage-2 launch where it is full."""
+import pytest
+
+from dsv4lab.kernels import head_batched, split_k
+
+H200 = dict(mma_cfg=head_batched.TILE_TABLE[("9.0", "mma")], split_cfg=head_batched.TILE_TABLE[("9.0", "split")])
+
+
+def best(B, H=64, K=512, sms=132):
+    return min(split_k.plans(B, H, K, sms=sms, **H200), key=lambda p: (p.model_us, p.nsplit))
+
+
+def test_small_batch_splits_large_batch_does_not():
+    assert best(1).use == "split" and best(1).nsplit > 1
+    assert best(128).use == "mma" and best(128).nsplit == 1
+
+
+def test_model_matches_the_recorded_h200_choices():
+    # data/runs/h200/decode.json: auto picked split x8 at B<=4, x4 at 8, x2 at 16, x1 at 32, mma at 64/128
+    picks = {B: (best(B).use, best(B).nsplit) for B in (1, 4, 8, 16, 32, 64, 128)}
+    assert picks == {1: ("split", 8), 4: ("split", 8), 8: ("split", 4), 16: ("split", 2),
+                     32: ("split", 1), 64: ("mma", 1), 128: ("mma", 1)}
+
+
+def test_more_sms_never_mean_fewer_programs():
+    for B in (1, 2, 4, 8, 16, 32):
+        assert best(B, sms=188).programs >= best(B, sms=132).programs
+
+
+@pytest.mark.parametrize("K", [1, 17, 64, 100, 512])
+def test_slices_cover_k_without_empty_tail(K):
+    for p in split_k.plans(3, 64, K, sms=132, **H200):
+        tiles = -(-K // p.cfg.block_n)
+        assert p.nsplit * p.tiles_per_program >= tiles > (p.nsplit - 1) * p.tiles_per_program
+        assert p.nsplit <= split_k.MAX_SPLIT
