@@ -112,8 +112,8 @@ class TileConfig:
 #: large batch; "split": the same kernel body as used by split-K, tuned for the latency of
 #: one short slice. H200 entries come from the recorded sweep (data/runs/h200/tiles.json,
 #: notebook 02) over candidates the offline compiler report (dsv4lab.compile_report) showed
-#: spill-free, plus 64 x 64, which spills a few hundred bytes and is still the fastest at B=128. The sm_120 entries are worked out on paper for the story's
-#: RTX PRO 6000 (188 SMs, ~99 KB shared memory per block) and NOT measured: the H200
+#: spill-free, plus 64 x 64, which spills a few hundred bytes and is still the fastest at
+#: B=128. The sm_120 entries are worked out on paper for the story's RTX PRO 6000 (188 SMs, ~99 KB shared memory per block) and NOT measured: the H200
 #: choices need 147-172 KB of shared memory per program (compile_report), over that
 #: budget; BLOCK_H 64 x BLOCK_N 16 with one stage needs ~82 KB on sm_90, so it fits.
 #: us_per_tile (the split_k time model) is one program's time per tile at B=1.

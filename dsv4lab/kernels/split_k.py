@@ -76,11 +76,10 @@ def plans(B: int, H: int, K: int, *, sms: int | None = None, mma_cfg=None, split
     return out
 
 
-def choose(B: int, H: int, K: int, *, sms: int | None = None, min_split: int = 1) -> Plan:
+def choose(B: int, H: int, K: int, *, sms: int | None = None) -> Plan:
     """The modeled-fastest plan; depends on shapes only, so it is fixed per batch size
     and a CUDA graph captured for that size replays the same launches."""
-    cands = [p for p in plans(B, H, K, sms=sms) if p.nsplit >= min_split] or plans(B, H, K, sms=sms)
-    return min(cands, key=lambda p: (p.model_us, p.nsplit))
+    return min(plans(B, H, K, sms=sms), key=lambda p: (p.model_us, p.nsplit))
 
 
 @triton.jit
@@ -151,12 +150,9 @@ def sparse_decode_splitk(q, cache, indices, *, topk_len, sm_scale, attn_sink):
     """Always split (at least 2 slices, when K allows) with the split tiles, so this impl
     always exercises the merge path; NSPLIT from the same model as auto."""
     B, H, _ = q.shape
-    K = indices.shape[1]
-    cfg = head_batched.tile_config(H, split=True)
-    splittable = triton.cdiv(K, cfg.block_n) > 1
-    plan = choose(B, H, K, min_split=2 if splittable else 1)
-    if plan.use != "split":
-        plan = min((p for p in plans(B, H, K) if p.use == "split"), key=lambda p: p.model_us)
+    split = [p for p in plans(B, H, indices.shape[1]) if p.use == "split"]
+    split = [p for p in split if p.nsplit >= 2] or split      # K of a single tile cannot split
+    plan = min(split, key=lambda p: (p.model_us, p.nsplit))
     return sparse_decode_split(q, cache, indices, topk_len=topk_len, sm_scale=sm_scale,
                                attn_sink=attn_sink, nsplit=plan.nsplit, cfg=plan.cfg)
 
