@@ -49,10 +49,12 @@ def heads_per_read(impl: str, H: int, B: int = 1, K: int = 512) -> int:
     if impl in ("simt", "sglang"):
         return 1
     from .kernels import split_k
-    from .kernels.head_batched import tile_config
+    from .kernels.head_batched import choose_tiles, tile_config
     if impl == "auto":
         return min(H, split_k.choose(B, H, K).cfg.block_h)
-    return min(H, tile_config(H, split=impl == "splitk").block_h)
+    if impl == "mma":
+        return min(H, choose_tiles(B, H, K).block_h)
+    return min(H, tile_config(H, split=True).block_h)
 
 
 def decode_row(impl, inp, *, graph=True, eager=True, baseline_us=None, **kw) -> dict:
@@ -89,6 +91,7 @@ def decode_table(impls, batches, *, H=64, K=512, context=8192, page_size=64, bas
     ``baseline`` (an impl in ``impls``, timed before the others) sets speedup_vs_baseline;
     ``auto`` rows also carry the plan it picked. `record`, the CLI and the notebooks share this."""
     from .kernels import split_k
+    from .kernels.head_batched import choose_tiles
     from .testing import make_decode_inputs
     rows = []
     for B in batches:
@@ -105,6 +108,9 @@ def decode_table(impls, batches, *, H=64, K=512, context=8192, page_size=64, bas
                 p = split_k.choose(B, H, K)
                 row.update(plan_use=p.use, plan_nsplit=p.nsplit, plan_model_us=p.model_us,
                            plan_programs=p.programs, plan_block_h=p.cfg.block_h, plan_block_n=p.cfg.block_n)
+            if impl == "mma":
+                c = choose_tiles(B, H, K)
+                row.update(tiles_block_h=c.block_h, tiles_block_n=c.block_n, tiles_prefetch=c.prefetch)
             rows.append(row)
             if log:
                 log(row)

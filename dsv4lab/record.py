@@ -7,7 +7,6 @@ Each part is written as soon as it is done, so a run cut short keeps what it had
 """
 from __future__ import annotations
 
-import itertools
 import os
 import time
 import traceback
@@ -31,6 +30,7 @@ CHECK_CASES = [
     (2, 16, 77, 64, 64, 0.1, False, True),      # one page, K not a multiple of the tile
     (5, 32, 512, 700, 256, 0.0, True, True),
     (2, 64, 37, 50, 64, 0.0, False, False),     # K smaller than a tile, one partial page
+    (136, 64, 512, 1024, 64, 0.1, True, True),  # more programs than SMs: mma takes its 64-head tiles
 ]
 
 
@@ -79,13 +79,16 @@ def run_decode(impls=DECODE_IMPLS, batches=BATCHES, H=64, K=512, context=8192, p
                               baseline="sglang", log=log)
 
 
-#: Configs that the offline compiler report (dsv4lab.compile_report, sm_90a) shows with no or
-#: almost no spills, plus 64 x 64 (a few hundred bytes of spills, yet the fastest at B=128 in
-#: the H200 sweeps); the rest spill up to kilobytes per thread and were not timed.
-#: Each is timed with and without the lazy rescale (head_batched.py).
-TILE_CANDIDATES = [(16, 16, 4, 1), (16, 32, 8, 2), (16, 64, 8, 1), (16, 64, 8, 2), (64, 16, 8, 1),
-                   (64, 16, 8, 2), (64, 16, 8, 3), (64, 32, 8, 1), (64, 32, 8, 2), (64, 32, 8, 3),
-                   (64, 64, 8, 2)]
+#: (BLOCK_H, BLOCK_N, warps, stages, prefetch, lazy rescale). Configs the offline compiler
+#: report (dsv4lab.compile_report, sm_90a) shows with no or few spills; the rest spill
+#: kilobytes per thread and were not timed. prefetch 0/1/2 = the kernel's three loops
+#: (Triton's pipeliner / L2 hint / register pipeline, head_batched.py); 64x64 s2 p0 is the
+#: first stage-2 kernel, kept as the reference point, with and without the lazy rescale.
+TILE_CANDIDATES = [(64, 64, 8, 2, 0, False), (64, 64, 8, 2, 0, True), (64, 64, 8, 1, 1, False),
+                   (64, 32, 8, 1, 0, False), (64, 32, 8, 3, 0, False), (64, 32, 8, 1, 1, False),
+                   (64, 32, 8, 1, 2, False), (64, 16, 8, 1, 2, False), (64, 128, 8, 1, 1, False),
+                   (16, 16, 4, 1, 0, False), (16, 32, 8, 2, 0, False), (16, 32, 4, 1, 2, False),
+                   (16, 64, 8, 1, 0, False), (16, 64, 8, 1, 1, False), (16, 64, 8, 1, 2, False)]
 CHOSEN: dict = {}
 
 
@@ -98,9 +101,9 @@ def run_tiles(batches=(1, 8, 32, 128), H=64, K=512, context=8192) -> list[dict]:
     inputs = {B: make_decode_inputs(B, H, K, context=context, seed=100 + B) for B in batches}
     chk = make_decode_inputs(4, H, K, context=1024, topk_len=True, sink=True, seed=5)
     ro, rl = reference.sparse_decode(chk.q, chk.cache, chk.indices, **chk.kwargs())
-    for (bh, bn, nw, ns), lazy in itertools.product(TILE_CANDIDATES, (False, True)):
-        cfg = head_batched.TileConfig(bh, bn, nw, ns, "sweep", lazy)
-        row = dict(block_h=bh, block_n=bn, num_warps=nw, num_stages=ns, lazy_rescale=lazy)
+    for bh, bn, nw, ns, pf, lazy in TILE_CANDIDATES:
+        cfg = head_batched.TileConfig(bh, bn, nw, ns, "sweep", lazy, pf)
+        row = dict(block_h=bh, block_n=bn, num_warps=nw, num_stages=ns, prefetch=pf, lazy_rescale=lazy)
         try:
             with poisoned():
                 out, lse = head_batched.sparse_decode_mma(chk.q, chk.cache, chk.indices, sm_scale=512**-0.5,
@@ -131,8 +134,8 @@ def run_split(batches=BATCHES, splits=(1, 2, 4, 8, 16, 32), H=64, K=512, context
     tiles = CHOSEN.get("tile_rows") or []
     tiles = [r for r in tiles if "error" not in r and r["out_err"] <= OUT_TOL]
     cands = sorted(tiles, key=lambda r: r["us_B1"])[:n_cfgs] if tiles else \
-        [dict(block_h=b, block_n=n, num_warps=w, num_stages=s, lazy_rescale=False, us_B1=None, tiles=1)
-         for b, n, w, s in TILE_CANDIDATES[4:7]]
+        [dict(block_h=b, block_n=n, num_warps=w, num_stages=s, prefetch=pf, lazy_rescale=lz, us_B1=None, tiles=1)
+         for b, n, w, s, pf, lz in TILE_CANDIDATES if b == 16][-n_cfgs:]
     rows = []
     for B in batches:
         inp = make_decode_inputs(B, H, K, context=context, seed=200 + B)
@@ -146,7 +149,8 @@ def run_split(batches=BATCHES, splits=(1, 2, 4, 8, 16, 32), H=64, K=512, context
                 fn = lambda: split_k.sparse_decode_split(inp.q, inp.cache, inp.indices, topk_len=None,  # noqa: E731
                                                          sm_scale=512**-0.5, attn_sink=None, nsplit=ns, cfg=cfg)
                 row = dict(B=B, nsplit=ns, block_h=cfg.block_h, block_n=cfg.block_n, num_warps=cfg.num_warps,
-                           num_stages=cfg.num_stages, lazy_rescale=cfg.lazy_rescale, model_choice=ns == chosen)
+                           num_stages=cfg.num_stages, prefetch=cfg.prefetch, lazy_rescale=cfg.lazy_rescale,
+                           model_choice=ns == chosen)
                 try:
                     row["us"] = bench.time_ms(fn, graph=True, warmup=10, rep=50) * 1e3
                 except Exception as e:
@@ -167,13 +171,14 @@ def run_split(batches=BATCHES, splits=(1, 2, 4, 8, 16, 32), H=64, K=512, context
     return rows
 
 
-_CFG_KEYS = ("block_h", "block_n", "num_warps", "num_stages", "lazy_rescale")
+_CFG_KEYS = ("block_h", "block_n", "num_warps", "num_stages", "lazy_rescale", "prefetch")
 
 
 def _cfg(row, source):
     """TileConfig from a sweep row; us_per_tile = one program's time per tile at B=1."""
     per = row["us_B1"] / row["tiles"] if row.get("us_B1") else None
-    return head_batched.TileConfig(*(row[k] for k in _CFG_KEYS[:4]), source, row["lazy_rescale"], per)
+    return head_batched.TileConfig(*(row[k] for k in _CFG_KEYS[:4]), source, row["lazy_rescale"],
+                                   row.get("prefetch", False), us_per_tile=per)
 
 
 PARTS = {"tiles": run_tiles, "split": run_split, "decode": run_decode, "checks": run_checks}

@@ -99,3 +99,21 @@ def test_poison_catches_unwritten_output(dev):
     ro, rl = reference.sparse_decode(inp.q, inp.cache, inp.indices)
     assert rel_err(out.float(), ro) == math.inf and rel_err(lse, rl) == math.inf
     assert rel_err(out[:1].float(), ro[:1]) <= OUT_TOL
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+@pytest.mark.parametrize("nsplit", [1, 2, 3])
+def test_every_loop_of_the_head_batched_kernel(prefetch, nsplit):
+    # the kernel's loops (head_batched.py: 0 = plain, 2 = register pipeline; 1 is a GPU-only
+    # L2 hint over loop 0) on 3 tiles of 16 + a partial one, padding and topk_len, whole rows
+    # and split slices (a slice may start past topk_len, or hold one partial tile)
+    from dsv4lab import reference
+    from dsv4lab.kernels import head_batched, split_k
+    inp = make_decode_inputs(3, 16, 53, context=200, pad_frac=0.2, topk_len=True, sink=True)
+    cfg = head_batched.TileConfig(16, 16, 4, 1, "test", prefetch=prefetch)
+    ro, rl = reference.sparse_decode(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5, **inp.kwargs())
+    with poisoned():
+        out, lse = split_k.sparse_decode_split(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5,
+                                               nsplit=nsplit, cfg=cfg, **inp.kwargs())
+    assert rel_err(out.float(), ro) <= OUT_TOL
+    assert rel_err(lse, rl) <= LSE_TOL

@@ -34,3 +34,14 @@ def test_slices_cover_k_without_empty_tail(K):
         tiles = -(-K // p.cfg.block_n)
         assert p.nsplit * p.tiles_per_program >= tiles > (p.nsplit - 1) * p.tiles_per_program
         assert p.nsplit <= split_k.MAX_SPLIT
+
+
+def test_stage2_tiles_fill_the_chip_then_batch_heads():
+    # choose_tiles: 16-head tiles while 64-head programs would leave SMs idle; 64 once the
+    # grid is full (recorded H200: 16 heads at B<=32, 64 at B=64/128, data/runs/h200/decode.json)
+    def pick(B):
+        big, small = H200["mma_cfg"], H200["split_cfg"]
+        return min((big, small), key=lambda c: head_batched.model_us(c, B, 64, 512, sms=132)[3]).block_h
+    assert [pick(B) for B in (1, 8, 32, 64, 128)] == [16, 16, 16, 64, 64]
+    progs, waves, per, t = head_batched.model_us(H200["mma_cfg"], 133, 64, 512, sms=132)
+    assert (progs, waves, per) == (133, 2, 16) and t == pytest.approx(2 * 16 * H200["mma_cfg"].us_per_tile)

@@ -19,17 +19,14 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def gather_kv_tile(kv_fp8, kv_u8, kv_bf16, tok, valid, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr,
-                   NOPE: tl.constexpr, D: tl.constexpr, OUT: tl.constexpr):
-    """tok [BLOCK_N] int token ids (any value where ~valid) -> OUT [BLOCK_N, D]; invalid rows are 0.
+def load_kv_raw(kv_fp8, kv_u8, kv_bf16, tok, valid, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr,
+                NOPE: tl.constexpr, D: tl.constexpr):
+    """The raw bytes of BLOCK_N tokens: (fp8 [BLOCK_N, 8, 64], scale bytes [BLOCK_N, 8],
+    rope bf16 [BLOCK_N, 64]); rows where ~valid read nothing. Split from the dequant so a
+    kernel can issue the next tile's loads before it computes on this one (prefetch).
 
-    OUT = bfloat16 is exact: an e4m3 value times a power of two fits bf16 (8 exponent
-    bits), and rope is stored in bf16. Building the tile in bf16 rather than fp32 halves
-    its registers, which is what decides whether the head-batched kernel spills.
-
-    The tile is built as [BLOCK_N, 8, 64]: groups 0..6 are the fp8 nope groups times their
-    UE8M0 scale (8 contiguous scale bytes per token, one load), group 7 is the bf16 rope.
-    Each load touches only the bytes it needs, so no full-width masked loads."""
+    Groups 0..6 of the fp8 tensor are the nope groups; group 7 is never loaded (the rope
+    bytes are read as bf16). Each load touches only the bytes it needs."""
     G: tl.constexpr = D // 64
     safe = tl.where(valid, tok, 0).to(tl.int64)
     page = safe // PAGE_SIZE          # constexpr: shifts for 64/256, not a division subroutine
@@ -41,17 +38,60 @@ def gather_kv_tile(kv_fp8, kv_u8, kv_bf16, tok, valid, PAGE_SIZE: tl.constexpr, 
     g = tl.arange(0, G)
     j = tl.arange(0, 64)
     is_nope = g < NOPE // 64
-    m3 = valid[:, None, None] & is_nope[None, :, None]
     x = tl.load(kv_fp8 + data[:, None, None] + (g * 64)[None, :, None] + j[None, None, :],
-                mask=m3, other=0.0)
-    e = tl.load(kv_u8 + scl[:, None] + g[None, :], mask=valid[:, None] & is_nope[None, :], other=127)
-    # e4m3 -> f16 is one instruction per pair; f16 -> f32 is full rate, and the UE8M0
-    # scale is applied in f32 before the single pack to bf16 (a direct e4m3 -> bf16 cast
-    # goes through a quarter-rate f16 -> bf16 conversion per element)
-    x = (x.to(tl.float16).to(tl.float32) * tl.math.exp2(e.to(tl.float32) - 127.0)[:, :, None]).to(OUT)
+                mask=valid[:, None, None] & is_nope[None, :, None], other=0.0)
+    # all 8 scale bytes (7 scales + 1 pad byte, never used): one unmasked-by-group 8-byte load
+    e = tl.load(kv_u8 + scl[:, None] + g[None, :], mask=valid[:, None], other=127)
     r = tl.load(kv_bf16 + (data[:, None] + NOPE) // 2 + j[None, :], mask=valid[:, None], other=0.0)
-    x = tl.where(is_nope[None, :, None], x, r.to(OUT)[:, None, :])
-    return tl.reshape(x, (x.shape[0], D))
+    return x, e, r
+
+
+@triton.jit
+def prefetch_kv_l2(kv_u8, tok, valid, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr):
+    """Ask L2 for the bytes of BLOCK_N tokens (PTX prefetch.global.L2), without waiting.
+
+    A hint, not a load: nothing is returned to registers, so it costs a few instructions
+    and no registers, and the later real gather of these tokens hits L2 instead of HBM.
+    Covers each token's 576 data bytes (at most 5 lines of 128 B, hence offsets 0, 128,
+    ..., 512 and 575) and its scale bytes. GPU only: the interpreter cannot run PTX."""
+    safe = tl.where(valid, tok, 0).to(tl.int64)
+    page = safe // PAGE_SIZE
+    slot = safe % PAGE_SIZE
+    data = page * PAGE_BYTES + slot * 576
+    scl = page * PAGE_BYTES + PAGE_SIZE * 576 + slot * 8
+    k = tl.arange(0, 8)
+    off = tl.where(k < 5, k * 128, 575)
+    addr = tl.where(k[None, :] < 7, data[:, None] + off[None, :], scl[:, None])
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [kv_u8 + addr],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def dequant_kv(x, e, r, NOPE: tl.constexpr, D: tl.constexpr, OUT: tl.constexpr):
+    """Raw bytes from load_kv_raw -> OUT [BLOCK_N, D]: fp8 nope * 2^(e-127) | bf16 rope.
+
+    OUT = bfloat16 is exact: an e4m3 value times a power of two fits bf16 (8 exponent
+    bits), and rope is stored in bf16. Building the tile in bf16 rather than fp32 halves
+    its registers, which is what decides whether the head-batched kernel spills.
+    e4m3 -> f16 is one instruction per pair; f16 -> f32 is full rate, and the UE8M0
+    scale is applied in f32 before the single pack to bf16 (a direct e4m3 -> bf16 cast
+    goes through a quarter-rate f16 -> bf16 conversion per element)."""
+    G: tl.constexpr = D // 64
+    is_nope = tl.arange(0, G) < NOPE // 64
+    y = (x.to(tl.float16).to(tl.float32) * tl.math.exp2(e.to(tl.float32) - 127.0)[:, :, None]).to(OUT)
+    y = tl.where(is_nope[None, :, None], y, r.to(OUT)[:, None, :])
+    return tl.reshape(y, (y.shape[0], D))
+
+
+@triton.jit
+def gather_kv_tile(kv_fp8, kv_u8, kv_bf16, tok, valid, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr,
+                   NOPE: tl.constexpr, D: tl.constexpr, OUT: tl.constexpr):
+    """tok [BLOCK_N] int token ids (any value where ~valid) -> OUT [BLOCK_N, D]; invalid rows are 0.
+
+    The tile is built as [BLOCK_N, 8, 64]: groups 0..6 are the fp8 nope groups times their
+    UE8M0 scale, group 7 is the bf16 rope (see load_kv_raw and dequant_kv)."""
+    x, e, r = load_kv_raw(kv_fp8, kv_u8, kv_bf16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D)
+    return dequant_kv(x, e, r, NOPE, D, OUT)
 
 
 def cache_views(cache):

@@ -22,7 +22,37 @@ import triton.language as tl
 
 from ..api import register
 from ..device import info, is_interpret
-from .common import LOG2E, alloc, cache_views, dot_dtype, finish, gather_kv_tile, out_dtype
+from .common import (LOG2E, alloc, cache_views, dequant_kv, dot_dtype, finish, gather_kv_tile, load_kv_raw,
+                     out_dtype, prefetch_kv_l2)
+
+
+@triton.jit
+def _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, LAZY_RESCALE: tl.constexpr):
+    """One tile of online softmax: S = q @ kv^T, rescale, acc += P @ kv (kv = K = V)."""
+    s = tl.dot(q, tl.trans(kv)) * qk_scale                      # [BLOCK_H, BLOCK_N], log2 units
+    s = tl.where(valid[None, :], s, float("-inf"))
+    m_tile = tl.max(s, axis=1)
+    if LAZY_RESCALE:
+        # FlashAttention-3's trick: keep a stale running max unless a row's max grows by
+        # more than 2^8; p <= 256 stays exact enough in fp32 and the [BLOCK_H, 512]
+        # rescale of acc is skipped on almost every tile.
+        grow = m_tile > m_i + 8.0
+        if tl.sum(grow.to(tl.int32), axis=0) > 0:
+            m_new = tl.where(grow, m_tile, m_i)
+            alpha = tl.math.exp2(m_i - m_new)
+            l_i = l_i * alpha
+            acc = acc * alpha[:, None]
+            m_i = m_new
+    else:
+        m_new = tl.maximum(m_i, m_tile)
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha
+        acc = acc * alpha[:, None]
+        m_i = m_new
+    p = tl.math.exp2(s - m_i[:, None])
+    l_i = l_i + tl.sum(p, axis=1)
+    acc = tl.dot(p.to(kv.dtype), kv, acc)          # accumulate in place: no second [BLOCK_H, 512]
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -33,7 +63,7 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
                          HAS_TOPK_LEN: tl.constexpr, HAS_SINK: tl.constexpr, SPLIT: tl.constexpr,
                          BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
                          D: tl.constexpr, NOPE: tl.constexpr, DOT: tl.constexpr,
-                         LAZY_RESCALE: tl.constexpr = False):
+                         LAZY_RESCALE: tl.constexpr = False, PREFETCH: tl.constexpr = 0):
     b = tl.program_id(0)
     hb = tl.program_id(1)
     sp = tl.program_id(2)
@@ -54,34 +84,49 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, D], dtype=tl.float32)
     t = tl.arange(0, BLOCK_N)
-    for start in range(lo, hi, BLOCK_N):             # empty when the slice is past topk_len
-        pos = start + t
-        tok = tl.load(IDX + b * stride_ib + pos, mask=pos < hi, other=-1)
-        valid = (pos < hi) & (tok >= 0)
-        kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, DOT)
-        s = tl.dot(q, tl.trans(kv)) * qk_scale                      # [BLOCK_H, BLOCK_N], log2 units
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_tile = tl.max(s, axis=1)
-        if LAZY_RESCALE:
-            # FlashAttention-3's trick: keep a stale running max unless a row's max grows by
-            # more than 2^8; p <= 256 stays exact enough in fp32 and the [BLOCK_H, 512]
-            # rescale of acc is skipped on almost every tile.
-            grow = m_tile > m_i + 8.0
-            if tl.sum(grow.to(tl.int32), axis=0) > 0:
-                m_new = tl.where(grow, m_tile, m_i)
-                alpha = tl.math.exp2(m_i - m_new)
-                l_i = l_i * alpha
-                acc = acc * alpha[:, None]
-                m_i = m_new
-        else:
-            m_new = tl.maximum(m_i, m_tile)
-            alpha = tl.math.exp2(m_i - m_new)
-            l_i = l_i * alpha
-            acc = acc * alpha[:, None]
-            m_i = m_new
-        p = tl.math.exp2(s - m_i[:, None])
-        l_i = l_i + tl.sum(p, axis=1)
-        acc = tl.dot(p.to(DOT), kv, acc)          # accumulate in place: no second [BLOCK_H, 512]
+    row = IDX + b * stride_ib
+    if PREFETCH == 2:
+        # Software pipeline in registers: the raw bytes of tile i+1 are loaded (not waited
+        # on) before tile i is multiplied, its indices one tile earlier still, and tile i+1
+        # is dequantized after tile i's P @ V is issued, so the scheduler can interleave
+        # the conversions with the matrix instructions. Costs the registers of one raw tile.
+        tok = tl.load(row + lo + t, mask=lo + t < hi, other=-1)
+        valid = (lo + t < hi) & (tok >= 0)
+        x, e, r = load_kv_raw(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D)
+        kv = dequant_kv(x, e, r, NOPE, D, DOT)
+        tok_next = tl.load(row + lo + BLOCK_N + t, mask=lo + BLOCK_N + t < hi, other=-1)
+        for start in range(lo, hi, BLOCK_N):
+            valid_next = (start + BLOCK_N + t < hi) & (tok_next >= 0)
+            x, e, r = load_kv_raw(KV_FP8, KV_U8, KV_BF16, tok_next, valid_next, PAGE_SIZE, PAGE_BYTES, NOPE, D)
+            tok_next = tl.load(row + start + 2 * BLOCK_N + t, mask=start + 2 * BLOCK_N + t < hi, other=-1)
+            m_i, l_i, acc = _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, LAZY_RESCALE)
+            kv = dequant_kv(x, e, r, NOPE, D, DOT)
+            valid = valid_next
+    elif PREFETCH == 1:
+        # Indices run two tiles ahead of the gather and the bytes of the next tile are
+        # requested into L2 (GPU only) while this one is computed: a tile then waits on an
+        # L2 hit instead of an index load followed by a dependent HBM gather.
+        tok_next = tl.load(row + lo + t, mask=lo + t < hi, other=-1)
+        tok_next2 = tl.load(row + lo + BLOCK_N + t, mask=lo + BLOCK_N + t < hi, other=-1)
+        for start in range(lo, hi, BLOCK_N):
+            pos = start + t
+            tok = tok_next
+            valid = (pos < hi) & (tok >= 0)
+            tok_next = tok_next2
+            prefetch_kv_l2(KV_U8, tok_next, tok_next >= 0, PAGE_SIZE, PAGE_BYTES)
+            tok_next2 = tl.load(row + pos + 2 * BLOCK_N, mask=pos + 2 * BLOCK_N < hi, other=-1)
+            kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, DOT)
+            m_i, l_i, acc = _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, LAZY_RESCALE)
+    else:
+        # indices and bytes loaded in the iteration that uses them. With num_stages > 1
+        # Triton 3.6 turns the gathers into cp.async copies, but issues them at the end of
+        # the previous iteration and waits at the top of this one: little is overlapped.
+        for start in range(lo, hi, BLOCK_N):             # empty when the slice is past topk_len
+            pos = start + t
+            tok = tl.load(row + pos, mask=pos < hi, other=-1)
+            valid = (pos < hi) & (tok >= 0)
+            kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, DOT)
+            m_i, l_i, acc = _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, LAZY_RESCALE)
     has = l_i > 0.0
     lse = tl.where(has, (m_i + tl.math.log2(tl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
     out = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -105,23 +150,25 @@ class TileConfig:
     num_stages: int
     source: str = ""
     lazy_rescale: bool = False
+    prefetch: int = 0                  # 0: Triton's pipeliner, 1: L2 hint, 2: registers (see kernel)
     us_per_tile: float | None = None   # measured: one program's time per BLOCK_N tile (split_k model)
 
 
-#: Tile choices per (device, use). "mma": the stage-2 kernel, tuned for throughput at
-#: large batch; "split": the same kernel body as used by split-K, tuned for the latency of
-#: one short slice. H200 entries come from the recorded sweep (data/runs/h200/tiles.json,
-#: notebook 02) over candidates the offline compiler report (dsv4lab.compile_report) showed
-#: spill-free, plus 64 x 64, which spills a few hundred bytes and is still the fastest at
-#: B=128. The sm_120 entries are worked out on paper for the story's RTX PRO 6000 (188 SMs, ~99 KB shared memory per block) and NOT measured: the H200
-#: choices need 147-172 KB of shared memory per program (compile_report), over that
-#: budget; BLOCK_H 64 x BLOCK_N 16 with one stage needs ~82 KB on sm_90, so it fits.
-#: us_per_tile (the split_k time model) is one program's time per tile at B=1.
+#: Tile choices per (device, use). "mma": the throughput tiles (64 heads per program: the
+#: KV tile is read once for all heads); "split": latency tiles (16 heads: 4x the programs),
+#: used by split-K and by the stage-2 launch when its grid would leave SMs idle
+#: (choose_tiles). H200 entries come from the recorded sweep (data/runs/h200/tiles.json,
+#: split.json; notebooks 02-03) over candidates the offline compiler report
+#: (dsv4lab.compile_report) showed with few spills. The sm_120 entries are worked out on
+#: paper for the story's RTX PRO 6000 (188 SMs, ~99 KB shared memory per block) and NOT
+#: measured: the H200 choices need 84-98 KB of shared memory per program (compile_report),
+#: at that budget's edge; BLOCK_H 64 x BLOCK_N 16 with one stage needs ~82 KB on sm_90.
+#: us_per_tile (the launch-time model) is one program's time per tile at B=1.
 TILE_TABLE = {
-    ("9.0", "mma"): TileConfig(64, 64, 8, 2, "H200 sweep, data/runs/h200/tiles.json (fastest at B=128)",
-                               us_per_tile=8.06),
+    ("9.0", "mma"): TileConfig(64, 32, 8, 1, "H200 sweep, data/runs/h200/tiles.json (fastest at B=128)",
+                               prefetch=2, us_per_tile=4.126),
     ("9.0", "split"): TileConfig(16, 64, 8, 1, "H200 sweep, data/runs/h200/split.json (fastest at B<=32)",
-                                 us_per_tile=6.29),
+                                 prefetch=2, us_per_tile=4.732),
     ("12.0", "mma"): TileConfig(64, 16, 8, 1, "paper estimate for RTX PRO 6000 (sm_120): not measured"),
     ("12.0", "split"): TileConfig(64, 16, 8, 1, "paper estimate for RTX PRO 6000 (sm_120): not measured"),
     ("interpret", "mma"): TileConfig(16, 16, 4, 1, "interpreter: small tiles keep numpy fast"),
@@ -140,6 +187,32 @@ def tile_config(num_heads: int | None = None, *, split: bool = False) -> TileCon
         cfg = replace(cfg, block_h=max(16, triton.next_power_of_2(num_heads)),
                       source=cfg.source + " (shrunk to H)")
     return cfg
+
+
+def sm_count() -> int:
+    return 4 if is_interpret() else info().sm_count
+
+
+def model_us(cfg: TileConfig, B: int, H: int, K: int, nsplit: int = 1, sms: int | None = None):
+    """(programs, waves, tiles per program, modeled us) of one launch of ``cfg``:
+
+        waves x tiles per program x cfg.us_per_tile,   waves = ceil(programs / SMs)
+
+    Programs of one wave run side by side, so a launch lasts as long as its longest
+    chain of tiles, once per wave. us_per_tile is measured (the recorded tile sweep)."""
+    per = triton.cdiv(triton.cdiv(K, cfg.block_n), nsplit)
+    progs = B * triton.cdiv(H, cfg.block_h) * nsplit
+    waves = triton.cdiv(progs, sms or sm_count())
+    return progs, waves, per, waves * per * (cfg.us_per_tile or 1.0)
+
+
+def choose_tiles(B: int, H: int, K: int, sms: int | None = None) -> TileConfig:
+    """The stage-2 launch's tiles for this shape: the throughput tiles ("mma", 64 heads per
+    program) unless the grid they give leaves SMs idle and the model says the small-head
+    tiles ("split" entry, 16 heads: 4x the programs) finish sooner. Shapes only, so a
+    CUDA graph captured for a batch size keeps its launch."""
+    big, small = tile_config(H), tile_config(H, split=True)
+    return min((big, small), key=lambda c: model_us(c, B, H, K, sms=sms)[3])
 
 
 def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, *, nsplit=1, split_len=None,
@@ -164,13 +237,14 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, *, nsplit
         PAGE_SIZE=cache.page_size, PAGE_BYTES=cache.page_bytes,
         HAS_TOPK_LEN=topk_len is not None, HAS_SINK=attn_sink is not None, SPLIT=split,
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, D=D, NOPE=448, DOT=dot_dtype(),
-        LAZY_RESCALE=cfg.lazy_rescale,
+        LAZY_RESCALE=cfg.lazy_rescale, PREFETCH=0 if is_interpret() and cfg.prefetch == 1 else cfg.prefetch,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 @register("sparse_decode", "mma")
 def sparse_decode_mma(q, cache, indices, *, topk_len, sm_scale, attn_sink, cfg=None):
     B, H, D = q.shape
+    cfg = cfg or choose_tiles(B, H, indices.shape[1])
     q = q.contiguous()
     indices = indices.contiguous()
     out = alloc((B, H, D), out_dtype(), q.device)

@@ -25,7 +25,6 @@ import triton
 import triton.language as tl
 
 from ..api import register
-from ..device import info, is_interpret
 from . import common, head_batched
 from .common import alloc, finish, out_dtype
 
@@ -33,10 +32,6 @@ MAX_SPLIT = 16
 #: fixed cost of the second (combine) launch inside a CUDA graph, us; fitted to the
 #: H200 split sweep (data/runs/h200/split.json: B=1 time minus one tile's time)
 COMBINE_US = 3.0
-
-
-def sm_count() -> int:
-    return 4 if is_interpret() else info().sm_count
 
 
 @dataclass(frozen=True)
@@ -59,20 +54,15 @@ def plans(B: int, H: int, K: int, *, sms: int | None = None, mma_cfg=None, split
     where waves = ceil(programs / SMs). Programs of one wave run side by side, so a
     launch costs as long as its longest chain of tiles times the number of waves. The
     us-per-tile figures come from the recorded tile sweep (TileConfig.us_per_tile)."""
-    sms = sms or sm_count()
     out = []
     for use in ("mma", "split"):
         cfg = (split_cfg if use == "split" else mma_cfg) or head_batched.tile_config(H, split=use == "split")
         tiles = triton.cdiv(K, cfg.block_n)
         for n in range(1, (min(MAX_SPLIT, tiles) if use == "split" else 1) + 1):
-            per = triton.cdiv(tiles, n)
-            n_eff = triton.cdiv(tiles, per)          # no empty trailing slice
-            if n_eff != n:
-                continue
-            progs = B * triton.cdiv(H, cfg.block_h) * n
-            waves = triton.cdiv(progs, sms)
-            t = waves * per * (cfg.us_per_tile or 1.0) + (COMBINE_US if n > 1 else 0.0)
-            out.append(Plan(use, cfg, n, progs, waves, per, t))
+            if triton.cdiv(tiles, triton.cdiv(tiles, n)) != n:
+                continue                              # would leave an empty trailing slice
+            progs, waves, per, t = head_batched.model_us(cfg, B, H, K, n, sms)
+            out.append(Plan(use, cfg, n, progs, waves, per, t + (COMBINE_US if n > 1 else 0.0)))
     return out
 
 
