@@ -8,7 +8,7 @@ before spending GPU time: a config that spills is slow however it is launched.
 
 Needs ``DSV4LAB_MODE=compile`` (Triton must not be in interpreter mode):
 
-    DSV4LAB_MODE=compile python -m dsv4lab.compile_report 64 32 8 2
+    DSV4LAB_MODE=compile python -m dsv4lab.compile_report 64 32 8 1 2
 """
 from __future__ import annotations
 
@@ -74,19 +74,21 @@ def report(kernel, arch=90) -> dict:
             "shared_bytes": kernel.metadata.shared, "mma": mma, "ptxas_ok": r.returncode == 0}
 
 
-def head_batched_report(block_h, block_n, num_warps, num_stages, *, split=False, arch=90,
+def head_batched_report(block_h, block_n, num_warps, num_stages, prefetch=0, *, split=False, arch=90,
                         lazy_rescale=False, maxnreg=None) -> dict:
     from .kernels.head_batched import _head_batched_kernel
     k = compile_kernel(_head_batched_kernel, dict(PAGE_SIZE=64, PAGE_BYTES=37440, HAS_TOPK_LEN=False, HAS_SINK=False, SPLIT=split,
                                                   BLOCK_H=block_h, BLOCK_N=block_n, D=512, NOPE=448,
-                                                  DOT=triton.language.bfloat16, LAZY_RESCALE=lazy_rescale),
+                                                  DOT=triton.language.bfloat16, LAZY_RESCALE=lazy_rescale,
+                                                  PREFETCH=prefetch),
                        num_warps=num_warps, num_stages=num_stages, arch=arch, maxnreg=maxnreg)
     return {"maxnreg": maxnreg, "block_h": block_h, "block_n": block_n, "num_warps": num_warps, "num_stages": num_stages,
-            "lazy_rescale": lazy_rescale, "arch": arch, **report(k, arch)}
+            "prefetch": prefetch, "lazy_rescale": lazy_rescale, "arch": arch, **report(k, arch)}
 
 
 if __name__ == "__main__":
     import dsv4lab  # noqa: F401
-    args = [int(a) for a in sys.argv[1:7]] or [64, 32, 8, 2]
-    print(head_batched_report(*args[:4], lazy_rescale=bool(args[4:5] and args[4]),
-                              maxnreg=(args[5:6] or [None])[0] or None))
+    # BLOCK_H BLOCK_N warps stages [prefetch] [lazy] [maxnreg]
+    args = [int(a) for a in sys.argv[1:8]] or [64, 32, 8, 1, 2]
+    print(head_batched_report(*args[:5], lazy_rescale=bool(args[5:6] and args[5]),
+                              maxnreg=(args[6:7] or [None])[0] or None))

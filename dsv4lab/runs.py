@@ -84,7 +84,7 @@ def tile_choice(use: str = "mma", run: str = "h200") -> dict:
     return dict(d["tile_table"][key])
 
 
-TILE_KEYS = ("block_h", "block_n", "num_warps", "num_stages", "lazy_rescale")
+TILE_KEYS = ("block_h", "block_n", "num_warps", "num_stages", "prefetch", "lazy_rescale")
 
 
 def select(df: pd.DataFrame, cfg: dict) -> pd.DataFrame:

@@ -46,7 +46,7 @@ def _tile_config(row, source="live"):
     from .kernels.head_batched import TileConfig
     return TileConfig(block_h=int(row["block_h"]), block_n=int(row["block_n"]), num_warps=int(row["num_warps"]),
                       num_stages=int(row["num_stages"]), source=source,
-                      lazy_rescale=bool(row.get("lazy_rescale", False)))
+                      lazy_rescale=bool(row.get("lazy_rescale", False)), prefetch=int(row.get("prefetch", 0) or 0))
 
 
 def time_tile_live(row, B, H=64, K=512, context=8192) -> float:
