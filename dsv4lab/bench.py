@@ -49,12 +49,12 @@ def heads_per_read(impl: str, H: int, B: int = 1, K: int = 512) -> int:
     if impl in ("simt", "sglang"):
         return 1
     from .kernels import split_k
-    from .kernels.head_batched import choose_tiles, tile_config
+    from .kernels.head_batched import choose_tiles
     if impl == "auto":
         return min(H, split_k.choose(B, H, K).cfg.block_h)
     if impl == "mma":
         return min(H, choose_tiles(B, H, K).block_h)
-    return min(H, tile_config(H, split=True).block_h)
+    return min(H, split_k.choose_split(B, H, K).cfg.block_h)
 
 
 def decode_row(impl, inp, *, graph=True, eager=True, baseline_us=None, **kw) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
+from dataclasses import replace
 
 import torch
 import triton
@@ -136,30 +137,27 @@ def run_tiles(batches=(1, 8, 32, 128), H=64, K=512, context=8192) -> list[dict]:
     return rows
 
 
-def run_split(batches=BATCHES, splits=(1, 2, 4, 8, 16, 32), H=64, K=512, context=8192,
-              n_cfgs=3) -> list[dict]:
-    """NSPLIT x B for the split configs fastest on one short slice (B=1 in the tile sweep,
-    or all of them when run alone); the best over all B becomes the "split" entry."""
-    tiles = CHOSEN.get("tile_rows") or []
-    tiles = [r for r in tiles if "error" not in r and r["out_err"] <= OUT_TOL]
-    cands = sorted(tiles, key=lambda r: r["us_B1"])[:n_cfgs] if tiles else \
-        [dict(block_h=b, block_n=n, num_warps=w, num_stages=s, prefetch=pf, lazy_rescale=lz, us_B1=None, tiles=1)
-         for b, n, w, s, pf, lz in TILE_CANDIDATES if b == 16][-n_cfgs:]
+def run_split(batches=BATCHES, splits=(1, 2, 4, 8, 16), H=64, K=512, context=8192) -> list[dict]:
+    """NSPLIT x B for the table's 64-head entry and the two 16-head configs fastest at B=1
+    in the tile sweep. The B=1 rows give each config's launch-time figures (fit_costs);
+    the faster 16-head config becomes the "split" entry; each row says whether auto's
+    model, with the fitted figures, picks it."""
+    cap = bench.info().capability or "interpret"
+    tiles = [r for r in CHOSEN.get("tile_rows") or [] if "error" not in r and r["out_err"] <= OUT_TOL]
+    small = sorted((r for r in tiles if r["block_h"] < H), key=lambda r: r["us_B1"])[:2]
+    cands = [head_batched.tile_config(H)] + [_cfg(r, "sweep") for r in small]
+    if len(cands) == 1:                           # run alone: the table's two entries
+        cands.append(head_batched.tile_config(H, split=True))
     rows = []
     for B in batches:
         inp = make_decode_inputs(B, H, K, context=context, seed=200 + B)
-        for c in cands:
-            cfg = _cfg(c, "sweep")
-            chosen = min((p for p in split_k.plans(B, H, K, split_cfg=cfg) if p.use == "split"),
-                         key=lambda p: p.model_us).nsplit
+        for cfg in cands:
             for ns in splits:
                 if ns > triton.cdiv(K, cfg.block_n):
                     continue
                 fn = lambda: split_k.sparse_decode_split(inp.q, inp.cache, inp.indices, topk_len=None,  # noqa: E731
                                                          sm_scale=512**-0.5, attn_sink=None, nsplit=ns, cfg=cfg)
-                row = dict(B=B, nsplit=ns, block_h=cfg.block_h, block_n=cfg.block_n, num_warps=cfg.num_warps,
-                           num_stages=cfg.num_stages, prefetch=cfg.prefetch, lazy_rescale=cfg.lazy_rescale,
-                           model_choice=ns == chosen)
+                row = dict(B=B, nsplit=ns, **{k: getattr(cfg, k) for k in _CFG_KEYS})
                 try:
                     row["us"] = bench.time_ms(fn, graph=True, warmup=10, rep=50) * 1e3
                 except Exception as e:
@@ -168,26 +166,53 @@ def run_split(batches=BATCHES, splits=(1, 2, 4, 8, 16, 32), H=64, K=512, context
                 _log("split", row)
         del inp
         torch.cuda.empty_cache()
-    # the split config whose model-chosen NSPLIT is best summed over small batches
-    def score(c):
-        return sum(r["us"] for r in rows if r.get("model_choice") and "us" in r and r["B"] <= 32
-                   and all(r[k] == c[k] for k in _CFG_KEYS))
-    best = min(cands, key=score)
-    cap = bench.info().capability or "interpret"
-    head_batched.TILE_TABLE[(cap, "split")] = _cfg(best, "this run's sweep")
-    CHOSEN["split"] = {k: best[k] for k in _CFG_KEYS}
-    _log("chosen split", CHOSEN["split"])
+    fitted = [fit_costs(rows, c) for c in cands]
+    head_batched.TILE_TABLE[(cap, "mma")] = fitted[0]
+    head_batched.TILE_TABLE[(cap, "split")] = min(fitted[1:], key=lambda c: _b1_best(rows, c))
+    for r in rows:                                 # what auto's model picks, with the fitted figures
+        p = split_k.choose(r["B"], H, K)
+        r["model_choice"] = r["nsplit"] == p.nsplit and all(r[k] == getattr(p.cfg, k) for k in _CFG_KEYS)
+    CHOSEN["split"] = {k: getattr(head_batched.TILE_TABLE[(cap, "split")], k) for k in _CFG_KEYS}
+    _log("chosen split", CHOSEN["split"], "fitted", fitted)
     return rows
 
 
 _CFG_KEYS = ("block_h", "block_n", "num_warps", "num_stages", "lazy_rescale", "prefetch")
 
 
+def _same(row, cfg):
+    return all(row[k] == getattr(cfg, k) for k in _CFG_KEYS)
+
+
+def _b1_best(rows, cfg):
+    return min(r["us"] for r in rows if r["B"] == 1 and "us" in r and _same(r, cfg))
+
+
+def fit_costs(rows, cfg):
+    """cfg with us_per_tile and fixed_us fitted to its B=1 rows of the NSPLIT sweep: one
+    program per slice, all in one wave, so time = fixed + tiles per slice x us_per_tile
+    (+ the merge when NSPLIT > 1). The slope comes from the split rows (same merge cost),
+    the intercept from the single launch."""
+    pts = [(triton.cdiv(triton.cdiv(512, cfg.block_n), r["nsplit"]), r["us"], r["nsplit"])
+           for r in rows if r["B"] == 1 and "us" in r and _same(r, cfg)]
+    split = [(x, y) for x, y, n in pts if n > 1]
+    one = [(x, y) for x, y, n in pts if n == 1]
+    if len(split) < 2 or not one:
+        return cfg
+    mx = sum(x for x, _ in split) / len(split)
+    my = sum(y for _, y in split) / len(split)
+    slope = sum((x - mx) * (y - my) for x, y in split) / sum((x - mx) ** 2 for x, _ in split)
+    x1, y1 = one[0]
+    return replace(cfg, us_per_tile=round(slope, 3), fixed_us=round(y1 - x1 * slope, 2),
+                   source=cfg.source + "; costs fitted to this run's NSPLIT sweep")
+
+
 def _cfg(row, source):
-    """TileConfig from a sweep row; us_per_tile = one program's time per tile at B=1."""
+    """TileConfig from a tile-sweep row (costs: the B=1 time spread over the tiles, until
+    fit_costs replaces them)."""
     per = row["us_B1"] / row["tiles"] if row.get("us_B1") else None
     return head_batched.TileConfig(*(row[k] for k in _CFG_KEYS[:4]), source, row["lazy_rescale"],
-                                   row.get("prefetch", False), us_per_tile=per)
+                                   row.get("prefetch", 0), us_per_tile=per)
 
 
 PARTS = {"tiles": run_tiles, "split": run_split, "decode": run_decode, "checks": run_checks}

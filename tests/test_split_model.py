@@ -17,10 +17,11 @@ def test_small_batch_splits_large_batch_does_not():
 
 
 def test_model_matches_the_recorded_h200_choices():
-    # data/runs/h200/decode.json: auto picked split x8 at B<=4, x4 at 8, x2 at 16, x1 at 32, mma at 64/128
-    picks = {B: (best(B).use, best(B).nsplit) for B in (1, 4, 8, 16, 32, 64, 128)}
-    assert picks == {1: ("split", 8), 4: ("split", 8), 8: ("split", 4), 16: ("split", 2),
-                     32: ("split", 1), 64: ("mma", 1), 128: ("mma", 1)}
+    # data/runs/h200/split.json (model_choice) and decode.json (auto's plan): 16-head tiles
+    # split x8 at B<=4 and x4 at B=8, 64-head tiles split x8/x4/x2 at B=16/32/64, one launch at 128
+    picks = {B: (best(B).use, best(B).cfg.block_h, best(B).nsplit) for B in (1, 4, 8, 16, 32, 64, 128)}
+    assert picks == {1: ("split", 16, 8), 4: ("split", 16, 8), 8: ("split", 16, 4), 16: ("split", 64, 8),
+                     32: ("split", 64, 4), 64: ("split", 64, 2), 128: ("mma", 64, 1)}
 
 
 def test_more_sms_never_mean_fewer_programs():
@@ -44,4 +45,12 @@ def test_stage2_tiles_fill_the_chip_then_batch_heads():
         return min((big, small), key=lambda c: head_batched.model_us(c, B, 64, 512, sms=132)[3]).block_h
     assert [pick(B) for B in (1, 8, 32, 64, 128)] == [16, 16, 16, 64, 64]
     progs, waves, per, t = head_batched.model_us(H200["mma_cfg"], 133, 64, 512, sms=132)
-    assert (progs, waves, per) == (133, 2, 16) and t == pytest.approx(2 * 16 * H200["mma_cfg"].us_per_tile)
+    c = H200["mma_cfg"]
+    assert (progs, waves, per) == (133, 2, 16) and t == pytest.approx(c.fixed_us + 2 * 16 * c.us_per_tile)
+
+
+def test_merge_cost_grows_with_partials():
+    # the same programs and tiles per program, 4x the fp32 partials: the model must charge it
+    one, = [p for p in split_k.plans(1, 64, 512, sms=1024, **H200) if p.nsplit == 4 and p.cfg.block_h == 64]
+    four, = [p for p in split_k.plans(4, 64, 512, sms=1024, **H200) if p.nsplit == 4 and p.cfg.block_h == 64]
+    assert four.model_us - one.model_us == pytest.approx(split_k.PARTIAL_US_PER_MB * 3 * 64 * 4 * 512 * 4 / 1e6)

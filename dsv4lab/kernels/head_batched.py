@@ -151,7 +151,8 @@ class TileConfig:
     source: str = ""
     lazy_rescale: bool = False
     prefetch: int = 0                  # 0: Triton's pipeliner, 1: L2 hint, 2: registers (see kernel)
-    us_per_tile: float | None = None   # measured: one program's time per BLOCK_N tile (split_k model)
+    us_per_tile: float | None = None   # measured: a program's time per BLOCK_N tile (the slope)
+    fixed_us: float = 0.0              # measured: a launch's time beyond its tiles (the intercept)
 
 
 #: Tile choices per (device, use). "mma": the throughput tiles (64 heads per program: the
@@ -163,12 +164,13 @@ class TileConfig:
 #: paper for the story's RTX PRO 6000 (188 SMs, ~99 KB shared memory per block) and NOT
 #: measured: the H200 choices need 84-98 KB of shared memory per program (compile_report),
 #: at that budget's edge; BLOCK_H 64 x BLOCK_N 16 with one stage needs ~82 KB on sm_90.
-#: us_per_tile (the launch-time model) is one program's time per tile at B=1.
+#: us_per_tile and fixed_us (the launch-time model, model_us) are fitted to the B = 1 rows
+#: of the NSPLIT sweep: time = fixed_us + tiles per program x us_per_tile (+ merge).
 TILE_TABLE = {
     ("9.0", "mma"): TileConfig(64, 32, 8, 1, "H200 sweep, data/runs/h200/tiles.json (fastest at B=128)",
-                               prefetch=2, us_per_tile=4.126),
+                               prefetch=2, us_per_tile=3.482, fixed_us=9.82),
     ("9.0", "split"): TileConfig(16, 64, 8, 1, "H200 sweep, data/runs/h200/split.json (fastest at B<=32)",
-                                 prefetch=2, us_per_tile=4.732),
+                                 prefetch=2, us_per_tile=3.803, fixed_us=7.24),
     ("12.0", "mma"): TileConfig(64, 16, 8, 1, "paper estimate for RTX PRO 6000 (sm_120): not measured"),
     ("12.0", "split"): TileConfig(64, 16, 8, 1, "paper estimate for RTX PRO 6000 (sm_120): not measured"),
     ("interpret", "mma"): TileConfig(16, 16, 4, 1, "interpreter: small tiles keep numpy fast"),
@@ -196,14 +198,16 @@ def sm_count() -> int:
 def model_us(cfg: TileConfig, B: int, H: int, K: int, nsplit: int = 1, sms: int | None = None):
     """(programs, waves, tiles per program, modeled us) of one launch of ``cfg``:
 
-        waves x tiles per program x cfg.us_per_tile,   waves = ceil(programs / SMs)
+        fixed_us + waves x tiles per program x us_per_tile,   waves = ceil(programs / SMs)
 
     Programs of one wave run side by side, so a launch lasts as long as its longest
-    chain of tiles, once per wave. us_per_tile is measured (the recorded tile sweep)."""
+    chain of tiles, once per wave, plus what any launch costs (start, the first loads,
+    the stores). Both figures are measured (TileConfig); the split-K merge is added in
+    split_k.plans."""
     per = triton.cdiv(triton.cdiv(K, cfg.block_n), nsplit)
     progs = B * triton.cdiv(H, cfg.block_h) * nsplit
     waves = triton.cdiv(progs, sms or sm_count())
-    return progs, waves, per, waves * per * (cfg.us_per_tile or 1.0)
+    return progs, waves, per, cfg.fixed_us + waves * per * (cfg.us_per_tile or 1.0)
 
 
 def choose_tiles(B: int, H: int, K: int, sms: int | None = None) -> TileConfig:

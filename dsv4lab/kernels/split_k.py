@@ -12,9 +12,9 @@ gives o = 0, lse = -inf; the sink is applied once, after the merge.
 NSPLIT depends only on (B, H, K) and the SM count, never on data, and the
 workspace is allocated once per shape, so both launches capture in a CUDA graph.
 
-``auto`` picks, per shape, between the stage-2 launch (BLOCK_H 64: fewest bytes and
-instructions per token, best once the grid fills the chip) and split-K with the
-latency-tuned tiles, by the time model in :func:`plans`.
+``auto`` picks, per shape, a tile entry (64 heads: fewest bytes and instructions per
+token; 16 heads: 4x the programs) and an NSPLIT (1 = the stage-2 launch alone), by
+the time model in :func:`plans`.
 """
 from __future__ import annotations
 
@@ -29,15 +29,17 @@ from . import common, head_batched
 from .common import alloc, finish, out_dtype
 
 MAX_SPLIT = 16
-#: fixed cost of the second (combine) launch inside a CUDA graph, us; fitted to the
-#: H200 split sweep (data/runs/h200/split.json: B=1 time minus one tile's time)
+#: the merge's cost: the second (combine) launch inside a CUDA graph, us, plus the fp32
+#: partials written and read back, us per MB. Fitted to the H200 NSPLIT sweep
+#: (data/runs/h200/split.json): B=1 rows give the launch, B=16..64 rows the bytes.
 COMBINE_US = 3.0
+PARTIAL_US_PER_MB = 0.35
 
 
 @dataclass(frozen=True)
 class Plan:
     """What ``auto`` launches for one shape, and the time the model expects."""
-    use: str            # "mma" or "split"
+    use: str            # "mma" (one launch, no merge) or "split" (NSPLIT slices + merge)
     cfg: object         # head_batched.TileConfig
     nsplit: int
     programs: int
@@ -49,20 +51,23 @@ class Plan:
 def plans(B: int, H: int, K: int, *, sms: int | None = None, mma_cfg=None, split_cfg=None) -> list[Plan]:
     """Every candidate launch, with its modeled time
 
-        waves x tiles per program x (measured us per tile of that config) [+ COMBINE_US]
+        head_batched.model_us (fixed + waves x tiles per program x us per tile)
+        + [NSPLIT > 1] (COMBINE_US + PARTIAL_US_PER_MB x MB of fp32 partials)
 
-    where waves = ceil(programs / SMs). Programs of one wave run side by side, so a
-    launch costs as long as its longest chain of tiles times the number of waves. The
-    us-per-tile figures come from the recorded tile sweep (TileConfig.us_per_tile)."""
+    over both tile entries of the table (64-head "mma", 16-head "split") and every
+    NSPLIT that leaves no slice empty. Programs of one wave run side by side; the
+    per-tile and fixed figures are measured (TileConfig)."""
     out = []
-    for use in ("mma", "split"):
-        cfg = (split_cfg if use == "split" else mma_cfg) or head_batched.tile_config(H, split=use == "split")
+    cfgs = [mma_cfg or head_batched.tile_config(H), split_cfg or head_batched.tile_config(H, split=True)]
+    for cfg in dict.fromkeys(cfgs):               # the two entries may be the same config
         tiles = triton.cdiv(K, cfg.block_n)
-        for n in range(1, (min(MAX_SPLIT, tiles) if use == "split" else 1) + 1):
+        for n in range(1, min(MAX_SPLIT, tiles) + 1):
             if triton.cdiv(tiles, triton.cdiv(tiles, n)) != n:
                 continue                              # would leave an empty trailing slice
             progs, waves, per, t = head_batched.model_us(cfg, B, H, K, n, sms)
-            out.append(Plan(use, cfg, n, progs, waves, per, t + (COMBINE_US if n > 1 else 0.0)))
+            if n > 1:
+                t += COMBINE_US + PARTIAL_US_PER_MB * B * H * n * 512 * 4 / 1e6
+            out.append(Plan("split" if n > 1 else "mma", cfg, n, progs, waves, per, t))
     return out
 
 
@@ -135,21 +140,25 @@ def sparse_decode_split(q, cache, indices, *, topk_len, sm_scale, attn_sink, nsp
     return finish(out), lse
 
 
+def choose_split(B: int, H: int, K: int, *, sms: int | None = None) -> Plan:
+    """The modeled-fastest plan with at least 2 slices (when K allows): ``splitk``'s launch."""
+    every = plans(B, H, K, sms=sms)
+    split = [p for p in every if p.nsplit >= 2] or every      # K of a single tile cannot split
+    return min(split, key=lambda p: (p.model_us, p.nsplit))
+
+
 @register("sparse_decode", "splitk")
 def sparse_decode_splitk(q, cache, indices, *, topk_len, sm_scale, attn_sink):
-    """Always split (at least 2 slices, when K allows) with the split tiles, so this impl
-    always exercises the merge path; NSPLIT from the same model as auto."""
-    B, H, _ = q.shape
-    split = [p for p in plans(B, H, indices.shape[1]) if p.use == "split"]
-    split = [p for p in split if p.nsplit >= 2] or split      # K of a single tile cannot split
-    plan = min(split, key=lambda p: (p.model_us, p.nsplit))
+    """Always split (at least 2 slices, when K allows), so this impl always exercises the
+    merge path; tiles and NSPLIT from the same model as auto."""
+    plan = choose_split(q.shape[0], q.shape[1], indices.shape[1])
     return sparse_decode_split(q, cache, indices, topk_len=topk_len, sm_scale=sm_scale,
                                attn_sink=attn_sink, nsplit=plan.nsplit, cfg=plan.cfg)
 
 
 @register("sparse_decode", "auto")
 def sparse_decode_auto(q, cache, indices, *, topk_len, sm_scale, attn_sink):
-    """The plan with the smallest modeled time (see plans()): mma, or split-K with NSPLIT >= 1."""
+    """The plan with the smallest modeled time (see plans()): either tile entry, NSPLIT >= 1."""
     plan = choose(q.shape[0], q.shape[1], indices.shape[1])
     return sparse_decode_split(q, cache, indices, topk_len=topk_len, sm_scale=sm_scale,
                                attn_sink=attn_sink, nsplit=plan.nsplit, cfg=plan.cfg)
