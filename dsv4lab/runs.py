@@ -78,10 +78,17 @@ def provenance(part: str = "device", run: str = "h200") -> str:
 
 
 def tile_choice(use: str = "mma", run: str = "h200") -> dict:
-    """The tile config the recorded run used for ``use`` ("mma" or "split") on its own device."""
-    d = load("tiles" if use == "mma" else "split", run)
-    key = f"{d['device']['capability']}/{use}"
-    return dict(d["tile_table"][key])
+    """The tile config the recorded run ended with for ``use`` ("mma" or "split") on its own
+    device: the table saved with the run's last part (later parts refit the costs)."""
+    for part in ("decode", "checks", "split", "tiles"):
+        try:
+            d = load(part, run)
+        except FileNotFoundError:
+            continue
+        key = f"{d['device']['capability']}/{use}"
+        if key in d.get("tile_table", {}):
+            return dict(d["tile_table"][key])
+    raise KeyError(f"run {run!r} recorded no {use!r} tile config")
 
 
 TILE_KEYS = ("block_h", "block_n", "num_warps", "num_stages", "prefetch", "lazy_rescale")

@@ -18,9 +18,9 @@ def test_small_batch_splits_large_batch_does_not():
 
 def test_model_matches_the_recorded_h200_choices():
     # data/runs/h200/split.json (model_choice) and decode.json (auto's plan): 16-head tiles
-    # split x8 at B<=4 and x4 at B=8, 64-head tiles split x8/x4/x2 at B=16/32/64, one launch at 128
+    # split x8 at B<=4, x4 at 8, x2 at 16; 64-head tiles split x4/x2 at B=32/64, one launch at 128
     picks = {B: (best(B).use, best(B).cfg.block_h, best(B).nsplit) for B in (1, 4, 8, 16, 32, 64, 128)}
-    assert picks == {1: ("split", 16, 8), 4: ("split", 16, 8), 8: ("split", 16, 4), 16: ("split", 64, 8),
+    assert picks == {1: ("split", 16, 8), 4: ("split", 16, 8), 8: ("split", 16, 4), 16: ("split", 16, 2),
                      32: ("split", 64, 4), 64: ("split", 64, 2), 128: ("mma", 64, 1)}
 
 
