@@ -100,6 +100,17 @@ def cache_views(cache):
     return raw.view(torch.float8_e4m3fn), raw, raw.view(torch.bfloat16)
 
 
+def use_pdl() -> bool:
+    """Programmatic dependent launch (Hopper and later, GPU only): the split-K combine kernel
+    is launched while the partial kernel still runs and waits on the GPU (griddepcontrol)
+    for its results, instead of paying a launch gap between the two."""
+    if is_interpret():
+        return False
+    from ..device import info
+    cap = info().capability
+    return bool(cap) and int(cap.split(".")[0]) >= 9
+
+
 def dot_dtype():
     """tl.dot operand type: bf16 on the GPU; fp32 in the interpreter, whose bf16 dot is wrong."""
     return tl.float32 if is_interpret() else tl.bfloat16

@@ -23,7 +23,7 @@ import triton.language as tl
 from ..api import register
 from ..device import info, is_interpret
 from .common import (LOG2E, alloc, cache_views, dequant_kv, dot_dtype, finish, gather_kv_tile, load_kv_raw,
-                     out_dtype, prefetch_kv_l2)
+                     out_dtype, prefetch_kv_l2, use_pdl)
 
 
 @triton.jit
@@ -63,7 +63,10 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
                          HAS_TOPK_LEN: tl.constexpr, HAS_SINK: tl.constexpr, SPLIT: tl.constexpr,
                          BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
                          D: tl.constexpr, NOPE: tl.constexpr, DOT: tl.constexpr,
-                         LAZY_RESCALE: tl.constexpr = False, PREFETCH: tl.constexpr = 0):
+                         LAZY_RESCALE: tl.constexpr = False, PREFETCH: tl.constexpr = 0,
+                         LAUNCH_DEPENDENTS: tl.constexpr = False):
+    if LAUNCH_DEPENDENTS:
+        tl.extra.cuda.gdc_launch_dependents()      # let the combine kernel launch now (it waits on the GPU)
     b = tl.program_id(0)
     hb = tl.program_id(1)
     sp = tl.program_id(2)
@@ -219,6 +222,11 @@ def choose_tiles(B: int, H: int, K: int, sms: int | None = None) -> TileConfig:
     return min((big, small), key=lambda c: model_us(c, B, H, K, sms=sms)[3])
 
 
+def split_pdl() -> bool:
+    from . import split_k
+    return split_k.PDL
+
+
 def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, *, nsplit=1, split_len=None,
            cfg: TileConfig | None = None):
     """Launch the head-batched kernel; with nsplit > 1, ``out``/``lse`` are the fp32 partial
@@ -242,6 +250,7 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, *, nsplit
         HAS_TOPK_LEN=topk_len is not None, HAS_SINK=attn_sink is not None, SPLIT=split,
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, D=D, NOPE=448, DOT=dot_dtype(),
         LAZY_RESCALE=cfg.lazy_rescale, PREFETCH=0 if is_interpret() and cfg.prefetch == 1 else cfg.prefetch,
+        LAUNCH_DEPENDENTS=split and use_pdl() and split_pdl(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 

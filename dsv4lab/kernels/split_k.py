@@ -26,7 +26,7 @@ import triton.language as tl
 
 from ..api import register
 from . import common, head_batched
-from .common import alloc, finish, out_dtype
+from .common import alloc, finish, out_dtype, use_pdl
 
 MAX_SPLIT = 16
 #: the merge's cost: the second (combine) launch inside a CUDA graph, us, plus the fp32
@@ -80,7 +80,10 @@ def choose(B: int, H: int, K: int, *, sms: int | None = None) -> Plan:
 @triton.jit
 def _combine_kernel(O_PART, LSE_PART, SINK, O, LSE, H, NSPLIT,
                     stride_pb, stride_ph, stride_ps, stride_ob, stride_oh,
-                    HAS_SINK: tl.constexpr, SPLIT_P2: tl.constexpr, D: tl.constexpr):
+                    HAS_SINK: tl.constexpr, SPLIT_P2: tl.constexpr, D: tl.constexpr,
+                    USE_GDC: tl.constexpr = False):
+    if USE_GDC:
+        tl.extra.cuda.gdc_wait()      # launched early (PDL): wait until the partials are written
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, SPLIT_P2)
@@ -104,6 +107,13 @@ def _combine_kernel(O_PART, LSE_PART, SINK, O, LSE, H, NSPLIT,
     tl.store(LSE + b * H + h, lse)
 
 
+def pdl_kwargs() -> dict:
+    """Launch options for the combine kernel: PDL where the GPU has it (common.use_pdl);
+    dsv4lab.kernels.split_k.PDL = False turns it off (to measure what it is worth)."""
+    return dict(USE_GDC=True, launch_pdl=True) if PDL and use_pdl() else {}
+
+
+PDL = True
 _WORKSPACE: dict = {}
 
 
@@ -136,7 +146,8 @@ def sparse_decode_split(q, cache, indices, *, topk_len, sm_scale, attn_sink, nsp
     _combine_kernel[(B, H)](
         o_part, lse_part, attn_sink if attn_sink is not None else lse, out, lse, H, nsplit,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), out.stride(0), out.stride(1),
-        HAS_SINK=attn_sink is not None, SPLIT_P2=triton.next_power_of_2(nsplit), D=D, num_warps=4)
+        HAS_SINK=attn_sink is not None, SPLIT_P2=triton.next_power_of_2(nsplit), D=D, num_warps=4,
+        **pdl_kwargs())
     return finish(out), lse
 
 
