@@ -108,12 +108,13 @@ def _combine_kernel(O_PART, LSE_PART, SINK, O, LSE, H, NSPLIT,
 
 
 def pdl_kwargs() -> dict:
-    """Launch options for the combine kernel: PDL where the GPU has it (common.use_pdl);
-    dsv4lab.kernels.split_k.PDL = False turns it off (to measure what it is worth)."""
+    """Launch options for the combine kernel: PDL where the GPU has it (common.use_pdl) and
+    ``dsv4lab.kernels.split_k.PDL`` is on. Off by default until a recorded GPU run has
+    checked it (correctness, graph replay) and measured what it is worth."""
     return dict(USE_GDC=True, launch_pdl=True) if PDL and use_pdl() else {}
 
 
-PDL = True
+PDL = False
 _WORKSPACE: dict = {}
 
 
