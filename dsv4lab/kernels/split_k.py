@@ -18,6 +18,7 @@ the time model in :func:`plans`.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -109,12 +110,12 @@ def _combine_kernel(O_PART, LSE_PART, SINK, O, LSE, H, NSPLIT,
 
 def pdl_kwargs() -> dict:
     """Launch options for the combine kernel: PDL where the GPU has it (common.use_pdl) and
-    ``dsv4lab.kernels.split_k.PDL`` is on. Off by default until a recorded GPU run has
-    checked it (correctness, graph replay) and measured what it is worth."""
+    ``dsv4lab.kernels.split_k.PDL`` is on (env DSV4LAB_PDL=1). Off by default until a
+    recorded GPU run has checked it (correctness, graph replay) and measured its worth."""
     return dict(USE_GDC=True, launch_pdl=True) if PDL and use_pdl() else {}
 
 
-PDL = False
+PDL = os.environ.get("DSV4LAB_PDL", "0") == "1"
 _WORKSPACE: dict = {}
 
 
