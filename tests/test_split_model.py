@@ -54,3 +54,13 @@ def test_merge_cost_grows_with_partials():
     one, = [p for p in split_k.plans(1, 64, 512, sms=1024, **H200) if p.nsplit == 4 and p.cfg.block_h == 64]
     four, = [p for p in split_k.plans(4, 64, 512, sms=1024, **H200) if p.nsplit == 4 and p.cfg.block_h == 64]
     assert four.model_us - one.model_us == pytest.approx(split_k.PARTIAL_US_PER_MB * 3 * 64 * 4 * 512 * 4 / 1e6)
+
+
+def test_pdl_is_never_asked_of_the_interpreter(monkeypatch):
+    # griddepcontrol is PTX: the interpreter must get a plain launch even with PDL switched on
+    from dsv4lab.device import is_interpret
+    monkeypatch.setattr(split_k, "PDL", True)
+    if is_interpret():
+        assert split_k.pdl_kwargs() == {}
+    else:
+        assert split_k.pdl_kwargs() in ({}, {"USE_GDC": True, "launch_pdl": True})
