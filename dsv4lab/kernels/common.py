@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from ..cache import DATA_BYTES, HEAD_DIM, NOPE_DIM, SCALE_BYTES
-from ..device import is_interpret
+from ..device import info, is_interpret
 
 LOG2E = 1.4426950408889634
 
@@ -106,7 +106,6 @@ def use_pdl() -> bool:
     for its results, instead of paying a launch gap between the two."""
     if is_interpret():
         return False
-    from ..device import info
     cap = info().capability
     return bool(cap) and int(cap.split(".")[0]) >= 9
 

@@ -23,7 +23,7 @@ import triton.language as tl
 from ..api import register
 from ..device import info, is_interpret
 from .common import (LOG2E, alloc, cache_views, dequant_kv, dot_dtype, finish, gather_kv_tile, load_kv_raw,
-                     out_dtype, prefetch_kv_l2, use_pdl)
+                     out_dtype, prefetch_kv_l2)
 
 
 @triton.jit
@@ -222,15 +222,11 @@ def choose_tiles(B: int, H: int, K: int, sms: int | None = None) -> TileConfig:
     return min((big, small), key=lambda c: model_us(c, B, H, K, sms=sms)[3])
 
 
-def split_pdl() -> bool:
-    from . import split_k
-    return split_k.PDL
-
-
 def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, *, nsplit=1, split_len=None,
-           cfg: TileConfig | None = None):
+           cfg: TileConfig | None = None, pdl: bool = False):
     """Launch the head-batched kernel; with nsplit > 1, ``out``/``lse`` are the fp32 partial
-    workspaces [B, H, NSPLIT, 512] / [B, H, NSPLIT] and ``attn_sink`` must be None."""
+    workspaces [B, H, NSPLIT, 512] / [B, H, NSPLIT] and ``attn_sink`` must be None.
+    ``pdl``: the next launch (split-K's combine) is a programmatic dependent launch."""
     B, H, D = q.shape
     K = indices.shape[1]
     cfg = cfg or tile_config(H)
@@ -250,7 +246,7 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, *, nsplit
         HAS_TOPK_LEN=topk_len is not None, HAS_SINK=attn_sink is not None, SPLIT=split,
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, D=D, NOPE=448, DOT=dot_dtype(),
         LAZY_RESCALE=cfg.lazy_rescale, PREFETCH=0 if is_interpret() and cfg.prefetch == 1 else cfg.prefetch,
-        LAUNCH_DEPENDENTS=split and use_pdl() and split_pdl(),
+        LAUNCH_DEPENDENTS=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 

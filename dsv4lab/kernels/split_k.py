@@ -143,13 +143,13 @@ def sparse_decode_split(q, cache, indices, *, topk_len, sm_scale, attn_sink, nsp
     if common._POISON[0]:
         o_part.fill_(float("nan"))
         lse_part.fill_(float("nan"))
+    pdl = pdl_kwargs()
     head_batched.launch(q, cache, indices, topk_len, sm_scale, None, o_part, lse_part,
-                        nsplit=nsplit, cfg=cfg)
+                        nsplit=nsplit, cfg=cfg, pdl=bool(pdl))
     _combine_kernel[(B, H)](
         o_part, lse_part, attn_sink if attn_sink is not None else lse, out, lse, H, nsplit,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), out.stride(0), out.stride(1),
-        HAS_SINK=attn_sink is not None, SPLIT_P2=triton.next_power_of_2(nsplit), D=D, num_warps=4,
-        **pdl_kwargs())
+        HAS_SINK=attn_sink is not None, SPLIT_P2=triton.next_power_of_2(nsplit), D=D, num_warps=4, **pdl)
     return finish(out), lse
 
 
