@@ -27,7 +27,7 @@ from triton.compiler import ASTSource
 _PTR = {"Q": "*bf16", "KV_FP8": "*fp8e4nv", "KV_U8": "*u8", "KV_BF16": "*bf16", "IDX": "*i32",
         "TOPK_LEN": "*i32", "SINK": "*fp32", "O": "*bf16", "LSE": "*fp32"}
 _DIV16 = {"stride_qb", "stride_qh", "stride_ib", "stride_ob", "stride_oh", "K",
-          "split_len"}
+          "split_len", "stride_os", "stride_fb", "stride_fh"}
 
 
 def compile_kernel(fn, constexprs: dict, *, num_warps=4, num_stages=2, arch=90, fp32_args=("qk_scale",),
@@ -37,7 +37,7 @@ def compile_kernel(fn, constexprs: dict, *, num_warps=4, num_stages=2, arch=90, 
     names = fn.arg_names
     sig, attrs = {}, {}
     for i, n in enumerate(names):
-        if fn.params[i].is_constexpr:
+        if fn.params[i].is_constexpr or n in constexprs:       # a None argument is a constexpr at launch
             sig[n] = "constexpr"
         elif n in ptr_types:
             sig[n] = ptr_types[n]
@@ -75,20 +75,29 @@ def report(kernel, arch=90) -> dict:
 
 
 def head_batched_report(block_h, block_n, num_warps, num_stages, prefetch=0, *, split=False, arch=90,
-                        lazy_rescale=False, maxnreg=None) -> dict:
+                        lazy_rescale=False, maxnreg=None, merge_nsplit=0) -> dict:
+    """``merge_nsplit`` > 0: the split-K launch with its fused merge (fp32 partials)."""
     from .kernels.head_batched import _head_batched_kernel
-    k = compile_kernel(_head_batched_kernel, dict(PAGE_SIZE=64, PAGE_BYTES=37440, HAS_TOPK_LEN=False, HAS_SINK=False, SPLIT=split,
-                                                  BLOCK_H=block_h, BLOCK_N=block_n, D=512, NOPE=448,
-                                                  DOT=triton.language.bfloat16, LAZY_RESCALE=lazy_rescale,
-                                                  PREFETCH=prefetch),
-                       num_warps=num_warps, num_stages=num_stages, arch=arch, maxnreg=maxnreg)
+    c = dict(PAGE_SIZE=64, PAGE_BYTES=37440, HAS_TOPK_LEN=False, HAS_SINK=False, SPLIT=split or merge_nsplit > 0,
+             BLOCK_H=block_h, BLOCK_N=block_n, D=512, NOPE=448, DOT=triton.language.bfloat16,
+             LAZY_RESCALE=lazy_rescale, PREFETCH=prefetch)
+    types = {}
+    if merge_nsplit:
+        p2 = triton.next_power_of_2(merge_nsplit)
+        c.update(MERGE=True, SPLIT_P2=p2, DCHUNK=max(16, min(512, 2048 * num_warps // (block_h * p2))))
+        types = {"O": "*fp32", "CNT": "*i32", "O_FINAL": "*bf16", "LSE_FINAL": "*fp32"}
+    else:
+        c.update(CNT=None, O_FINAL=None, LSE_FINAL=None)
+    k = compile_kernel(_head_batched_kernel, c, num_warps=num_warps, num_stages=num_stages, arch=arch,
+                       maxnreg=maxnreg, ptr_types=types)
     return {"maxnreg": maxnreg, "block_h": block_h, "block_n": block_n, "num_warps": num_warps, "num_stages": num_stages,
-            "prefetch": prefetch, "lazy_rescale": lazy_rescale, "arch": arch, **report(k, arch)}
+            "prefetch": prefetch, "lazy_rescale": lazy_rescale, "merge_nsplit": merge_nsplit, "arch": arch,
+            **report(k, arch)}
 
 
 if __name__ == "__main__":
     import dsv4lab  # noqa: F401
-    # BLOCK_H BLOCK_N warps stages [prefetch] [lazy] [maxnreg]
-    args = [int(a) for a in sys.argv[1:8]] or [64, 32, 8, 1, 2]
+    # BLOCK_H BLOCK_N warps stages [prefetch] [lazy] [maxnreg] [nsplit of a fused merge]
+    args = [int(a) for a in sys.argv[1:9]] or [64, 32, 8, 1, 2]
     print(head_batched_report(*args[:5], lazy_rescale=bool(args[5:6] and args[5]),
-                              maxnreg=(args[6:7] or [None])[0] or None))
+                              maxnreg=(args[6:7] or [None])[0] or None, merge_nsplit=(args[7:8] or [0])[0]))

@@ -189,10 +189,10 @@ def _b1_best(rows, cfg):
 
 
 def fit_costs(rows, cfg):
-    """cfg with us_per_tile and fixed_us fitted to its B=1 rows of the NSPLIT sweep: one
-    program per slice, all in one wave, so time = fixed + tiles per slice x us_per_tile
-    (+ the merge when NSPLIT > 1). The slope comes from the split rows (same merge cost),
-    the intercept from the single launch."""
+    """cfg with us_per_tile, fixed_us and merge_us fitted to its B=1 rows of the NSPLIT
+    sweep: one program per slice, all in one wave, so time = fixed + tiles per slice x
+    us_per_tile (+ the merge when NSPLIT > 1). The slope comes from the split rows (same
+    merge cost), fixed from the single launch, the merge from the split rows' intercept."""
     pts = [(triton.cdiv(triton.cdiv(512, cfg.block_n), r["nsplit"]), r["us"], r["nsplit"])
            for r in rows if r["B"] == 1 and "us" in r and _same(r, cfg)]
     split = [(x, y) for x, y, n in pts if n > 1]
@@ -203,7 +203,9 @@ def fit_costs(rows, cfg):
     my = sum(y for _, y in split) / len(split)
     slope = sum((x - mx) * (y - my) for x, y in split) / sum((x - mx) ** 2 for x, _ in split)
     x1, y1 = one[0]
-    return replace(cfg, us_per_tile=round(slope, 3), fixed_us=round(y1 - x1 * slope, 2),
+    fixed = y1 - x1 * slope
+    return replace(cfg, us_per_tile=round(slope, 3), fixed_us=round(fixed, 2),
+                   merge_us=round(max(0.0, my - mx * slope - fixed), 2),
                    source=cfg.source + "; costs fitted to this run's NSPLIT sweep")
 
 

@@ -101,9 +101,10 @@ def test_poison_catches_unwritten_output(dev):
     assert rel_err(out[:1].float(), ro[:1]) <= OUT_TOL
 
 
+@pytest.mark.parametrize("merge", ["fused", "launch"])
 @pytest.mark.parametrize("prefetch", [0, 2])
 @pytest.mark.parametrize("nsplit", [1, 2, 3])
-def test_every_loop_of_the_head_batched_kernel(prefetch, nsplit):
+def test_every_loop_of_the_head_batched_kernel(prefetch, nsplit, merge):
     # the kernel's loops (head_batched.py: 0 = plain, 2 = register pipeline; 1 is a GPU-only
     # L2 hint over loop 0) on 3 tiles of 16 + a partial one, padding and topk_len, whole rows
     # and split slices (a slice may start past topk_len, or hold one partial tile)
@@ -114,6 +115,24 @@ def test_every_loop_of_the_head_batched_kernel(prefetch, nsplit):
     ro, rl = reference.sparse_decode(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5, **inp.kwargs())
     with poisoned():
         out, lse = split_k.sparse_decode_split(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5,
-                                               nsplit=nsplit, cfg=cfg, **inp.kwargs())
+                                               nsplit=nsplit, cfg=cfg, merge=merge, **inp.kwargs())
+    assert rel_err(out.float(), ro) <= OUT_TOL
+    assert rel_err(lse, rl) <= LSE_TOL
+    if nsplit > 1:    # the fused merge leaves its arrival counters at zero for the next call / graph replay
+        assert not split_k.workspace(3, 16, nsplit, inp.q.device)[2].any()
+
+
+@pytest.mark.parametrize("merge", ["fused", "launch"])
+def test_bf16_partials(merge):
+    # split-K with bf16 partial outputs (half the workspace bytes): one more rounding, same bound
+    from dsv4lab import reference
+    from dsv4lab.kernels import head_batched, split_k
+    inp = make_decode_inputs(2, 16, 70, context=300, pad_frac=0.2, topk_len=True, sink=True)
+    cfg = head_batched.TileConfig(16, 16, 4, 1, "test", prefetch=2)
+    ro, rl = reference.sparse_decode(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5, **inp.kwargs())
+    with poisoned():
+        out, lse = split_k.sparse_decode_split(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5, nsplit=3,
+                                               cfg=cfg, merge=merge, partials=torch.bfloat16, **inp.kwargs())
+    assert split_k.workspace(2, 16, 3, inp.q.device, torch.bfloat16)[0].dtype == torch.bfloat16
     assert rel_err(out.float(), ro) <= OUT_TOL
     assert rel_err(lse, rl) <= LSE_TOL

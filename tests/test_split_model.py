@@ -64,3 +64,14 @@ def test_pdl_is_never_asked_of_the_interpreter(monkeypatch):
         assert split_k.pdl_kwargs() == {}
     else:
         assert split_k.pdl_kwargs() in ({}, {"USE_GDC": True, "launch_pdl": True})
+
+
+def test_fit_costs_recovers_the_model_it_fits():
+    # B=1 rows made from known figures (fixed 9, 2.5 us a tile, merge 1.5): the fit returns them
+    from dsv4lab import record
+    cfg = head_batched.TileConfig(16, 64, 8, 1, "t", prefetch=2)
+    keys = dict(block_h=16, block_n=64, num_warps=8, num_stages=1, lazy_rescale=False, prefetch=2)
+    rows = [dict(B=1, nsplit=n, us=9.0 + (8 // n) * 2.5 + (1.5 if n > 1 else 0.0), **keys) for n in (1, 2, 4, 8)]
+    rows.append(dict(B=2, nsplit=1, us=999.0, **keys))                 # other batch sizes are not used
+    fit = record.fit_costs(rows, cfg)
+    assert (fit.fixed_us, fit.us_per_tile, fit.merge_us) == pytest.approx((9.0, 2.5, 1.5))

@@ -94,6 +94,45 @@ def gather_kv_tile(kv_fp8, kv_u8, kv_bf16, tok, valid, PAGE_SIZE: tl.constexpr, 
     return dequant_kv(x, e, r, NOPE, D, OUT)
 
 
+@triton.jit
+def merge_partials(O_PART, LSE_PART, SINK, O, LSE, b, heads, hmask, H, nsplit,
+                   stride_pb, stride_ph, stride_ps, stride_ob, stride_oh,
+                   HAS_SINK: tl.constexpr, SPLIT_P2: tl.constexpr, DCHUNK: tl.constexpr, D: tl.constexpr):
+    """Split-K's merge for the rows ``heads`` of batch ``b``, by log-sum-exp:
+
+        lse = log(sum_i exp(lse_i)),   o = sum_i exp(lse_i - lse) * o_i
+
+    Splits with lse_i = -inf (no valid token) weigh 0; a row with none at all gives
+    o = 0, lse = -inf; the sink is applied once, here. All NSPLIT partials of a column
+    chunk are loaded in one [heads, splits, DCHUNK] tensor so the loads overlap. Loads
+    bypass L1 (.cg): the partials were written by other programs of the same launch."""
+    s = tl.arange(0, SPLIT_P2)
+    smask = s < nsplit
+    lse_i = tl.load(LSE_PART + (b * H + heads)[:, None] * nsplit + s[None, :],
+                    mask=hmask[:, None] & smask[None, :], other=float("-inf"), cache_modifier=".cg")
+    m = tl.max(lse_i, axis=1)
+    has = m > float("-inf")
+    w = tl.where(lse_i > float("-inf"), tl.exp(lse_i - tl.where(has, m, 0.0)[:, None]), 0.0)
+    wsum = tl.where(has, tl.sum(w, axis=1), 1.0)
+    lse = tl.where(has, m + tl.log(wsum), float("-inf"))
+    scale = 1.0 / wsum
+    if HAS_SINK:
+        sink = tl.load(SINK + heads, mask=hmask, other=0.0).to(tl.float32)
+        new_lse = tl.where(has, tl.maximum(lse, sink) + tl.log(1.0 + tl.exp(-tl.abs(lse - sink))), sink)
+        scale = scale * tl.exp(lse - new_lse)
+        lse = new_lse
+    w = w * scale[:, None]
+    for c in tl.static_range(0, D, DCHUNK):
+        col = c + tl.arange(0, DCHUNK)
+        o_i = tl.load(O_PART + b * stride_pb + heads[:, None, None] * stride_ph + s[None, :, None] * stride_ps
+                      + col[None, None, :], mask=hmask[:, None, None] & smask[None, :, None], other=0.0,
+                      cache_modifier=".cg")
+        out = tl.sum(w[:, :, None] * o_i, axis=1)
+        tl.store(O + b * stride_ob + heads[:, None] * stride_oh + col[None, :], out.to(O.dtype.element_ty),
+                 mask=hmask[:, None])
+    tl.store(LSE + b * H + heads, lse, mask=hmask)
+
+
 def cache_views(cache):
     """(fp8, uint8, bf16) flat views of the cache bytes, the kernel's three pointers."""
     raw = cache.buffer.reshape(-1)

@@ -23,7 +23,7 @@ import triton.language as tl
 from ..api import register
 from ..device import info, is_interpret
 from .common import (LOG2E, alloc, cache_views, dequant_kv, dot_dtype, finish, gather_kv_tile, load_kv_raw,
-                     out_dtype, prefetch_kv_l2)
+                     merge_partials, out_dtype, prefetch_kv_l2)
 
 
 @triton.jit
@@ -64,7 +64,9 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
                          BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
                          D: tl.constexpr, NOPE: tl.constexpr, DOT: tl.constexpr,
                          LAZY_RESCALE: tl.constexpr = False, PREFETCH: tl.constexpr = 0,
-                         LAUNCH_DEPENDENTS: tl.constexpr = False):
+                         LAUNCH_DEPENDENTS: tl.constexpr = False,
+                         CNT=None, O_FINAL=None, LSE_FINAL=None, stride_fb=0, stride_fh=0,
+                         MERGE: tl.constexpr = False, SPLIT_P2: tl.constexpr = 1, DCHUNK: tl.constexpr = 64):
     if LAUNCH_DEPENDENTS:
         tl.extra.cuda.gdc_launch_dependents()      # let the combine kernel launch now (it waits on the GPU)
     b = tl.program_id(0)
@@ -133,7 +135,7 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
     has = l_i > 0.0
     lse = tl.where(has, (m_i + tl.math.log2(tl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
     out = acc / tl.where(has, l_i, 1.0)[:, None]
-    if HAS_SINK:
+    if HAS_SINK and not SPLIT:
         sink = tl.load(SINK + heads, mask=hmask, other=0.0).to(tl.float32)
         new_lse = tl.maximum(lse, sink) + tl.log(1.0 + tl.exp(-tl.abs(lse - sink)))
         new_lse = tl.where(has, new_lse, sink)
@@ -143,6 +145,19 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
     tl.store(o_ptr, out.to(O.dtype.element_ty), mask=hmask[:, None])
     # LSE is [B, H] (final) or [B, H, NSPLIT] (partials), contiguous
     tl.store(LSE + (b * H + heads) * tl.num_programs(2) + sp, lse, mask=hmask)
+    if MERGE:
+        # Split-K without a second launch: the last slice of (b, head block) to finish
+        # merges all of them. Every thread's partial stores are ordered before the
+        # counter's release (barrier + acq_rel atomic, CUTLASS's semaphore pattern); the
+        # last program resets the counter, so a CUDA graph replays from zero.
+        tl.debug_barrier()
+        cnt = CNT + b * tl.num_programs(1) + hb
+        arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+        if arrived == tl.num_programs(2) - 1:
+            merge_partials(O, LSE, SINK, O_FINAL, LSE_FINAL, b, heads, hmask, H, tl.num_programs(2),
+                           stride_ob, stride_oh, stride_os, stride_fb, stride_fh,
+                           HAS_SINK, SPLIT_P2, DCHUNK, D)
+            tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
 
 
 @dataclass(frozen=True)
@@ -156,6 +171,7 @@ class TileConfig:
     prefetch: int = 0                  # 0: Triton's pipeliner, 1: L2 hint, 2: registers (see kernel)
     us_per_tile: float | None = None   # measured: a program's time per BLOCK_N tile (the slope)
     fixed_us: float = 0.0              # measured: a launch's time beyond its tiles (the intercept)
+    merge_us: float = 3.0              # measured: what split-K's merge adds to a launch of these tiles
 
 
 #: Tile choices per (device, use). "mma": the throughput tiles (64 heads per program: the
@@ -223,9 +239,11 @@ def choose_tiles(B: int, H: int, K: int, sms: int | None = None) -> TileConfig:
 
 
 def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, *, nsplit=1, split_len=None,
-           cfg: TileConfig | None = None, pdl: bool = False):
+           cfg: TileConfig | None = None, pdl: bool = False, merge_into=None):
     """Launch the head-batched kernel; with nsplit > 1, ``out``/``lse`` are the fp32 partial
-    workspaces [B, H, NSPLIT, 512] / [B, H, NSPLIT] and ``attn_sink`` must be None.
+    workspaces [B, H, NSPLIT, 512] / [B, H, NSPLIT] and the sink is left to the merge.
+    ``merge_into=(out, lse, counters)``: the last slice of each row merges in this launch
+    (counters: int32 zeros, >= B x head blocks); otherwise split_k's combine kernel does.
     ``pdl``: the next launch (split-K's combine) is a programmatic dependent launch."""
     B, H, D = q.shape
     K = indices.shape[1]
@@ -246,8 +264,20 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, *, nsplit
         HAS_TOPK_LEN=topk_len is not None, HAS_SINK=attn_sink is not None, SPLIT=split,
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, D=D, NOPE=448, DOT=dot_dtype(),
         LAZY_RESCALE=cfg.lazy_rescale, PREFETCH=0 if is_interpret() and cfg.prefetch == 1 else cfg.prefetch,
-        LAUNCH_DEPENDENTS=pdl,
+        LAUNCH_DEPENDENTS=pdl, **_merge_args(merge_into, B, H, nsplit, cfg),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def _merge_args(merge_into, B, H, nsplit, cfg):
+    if merge_into is None:
+        return {}
+    out, lse, counters = merge_into
+    assert nsplit > 1 and counters.dtype == torch.int32 and counters.numel() >= B * triton.cdiv(H, cfg.block_h)
+    split_p2 = triton.next_power_of_2(nsplit)
+    # the merge holds [BLOCK_H, NSPLIT, DCHUNK] fp32: ~64 registers a thread at 8 warps
+    dchunk = max(16, min(512, 64 * 32 * cfg.num_warps // (cfg.block_h * split_p2)))   # powers of 2
+    return dict(CNT=counters, O_FINAL=out, LSE_FINAL=lse, stride_fb=out.stride(0), stride_fh=out.stride(1),
+                MERGE=True, SPLIT_P2=split_p2, DCHUNK=dchunk)
 
 
 @register("sparse_decode", "mma")

@@ -30,10 +30,9 @@ from . import common, head_batched
 from .common import alloc, finish, out_dtype, use_pdl
 
 MAX_SPLIT = 16
-#: the merge's cost: the second (combine) launch inside a CUDA graph, us, plus the fp32
-#: partials written and read back, us per MB. Fitted to the H200 NSPLIT sweep
-#: (data/runs/h200/split.json): B=1 rows give the launch, B=16..64 rows the bytes.
-COMBINE_US = 3.0
+#: the merge's cost beyond TileConfig.merge_us (fitted per config to the B=1 rows of the
+#: NSPLIT sweep): the fp32 partials written and read back, us per MB. Fitted by hand to
+#: the B=16..64 rows of the H200 sweep with a combine launch (data/runs/h200/split.json).
 PARTIAL_US_PER_MB = 0.35
 
 
@@ -53,7 +52,7 @@ def plans(B: int, H: int, K: int, *, sms: int | None = None, mma_cfg=None, split
     """Every candidate launch, with its modeled time
 
         head_batched.model_us (fixed + waves x tiles per program x us per tile)
-        + [NSPLIT > 1] (COMBINE_US + PARTIAL_US_PER_MB x MB of fp32 partials)
+        + [NSPLIT > 1] (cfg.merge_us + PARTIAL_US_PER_MB x MB of fp32 partials)
 
     over both tile entries of the table (64-head "mma", 16-head "split") and every
     NSPLIT that leaves no slice empty. Programs of one wave run side by side; the
@@ -67,7 +66,7 @@ def plans(B: int, H: int, K: int, *, sms: int | None = None, mma_cfg=None, split
                 continue                              # would leave an empty trailing slice
             progs, waves, per, t = head_batched.model_us(cfg, B, H, K, n, sms)
             if n > 1:
-                t += COMBINE_US + PARTIAL_US_PER_MB * B * H * n * 512 * 4 / 1e6
+                t += cfg.merge_us + PARTIAL_US_PER_MB * B * H * n * 512 * 4 / 1e6
             out.append(Plan("split" if n > 1 else "mma", cfg, n, progs, waves, per, t))
     return out
 
@@ -116,21 +115,30 @@ def pdl_kwargs() -> dict:
 
 
 PDL = os.environ.get("DSV4LAB_PDL", "0") == "1"
+MERGE = os.environ.get("DSV4LAB_MERGE", "fused")
 _WORKSPACE: dict = {}
 
 
-def workspace(B, H, nsplit, device):
-    """fp32 partials (o [B,H,NSPLIT,512], lse [B,H,NSPLIT]), allocated once per shape."""
-    key = (str(device), B, H, nsplit)
+def workspace(B, H, nsplit, device, partials=torch.float32):
+    """Partials (o [B,H,NSPLIT,512] in ``partials``, lse [B,H,NSPLIT] fp32) and the fused
+    merge's arrival counters (int32 [B*H], zero; each launch leaves them zero), allocated
+    once per shape. One workspace per shape: two split-K calls of one shape must not run
+    concurrently."""
+    key = (str(device), B, H, nsplit, partials)
     if key not in _WORKSPACE:
-        _WORKSPACE[key] = (torch.empty(B, H, nsplit, 512, dtype=torch.float32, device=device),
-                           torch.empty(B, H, nsplit, dtype=torch.float32, device=device))
+        _WORKSPACE[key] = (torch.empty(B, H, nsplit, 512, dtype=partials, device=device),
+                           torch.empty(B, H, nsplit, dtype=torch.float32, device=device),
+                           torch.zeros(B * H, dtype=torch.int32, device=device))
     return _WORKSPACE[key]
 
 
-def sparse_decode_split(q, cache, indices, *, topk_len, sm_scale, attn_sink, nsplit, cfg):
+def sparse_decode_split(q, cache, indices, *, topk_len, sm_scale, attn_sink, nsplit, cfg, merge=None,
+                        partials=torch.float32):
     """The head-batched kernel body on ``nsplit`` slices of each top-k row, then the merge.
-    With nsplit == 1 the kernel writes the answer directly (no workspace, no combine)."""
+    With nsplit == 1 the kernel writes the answer directly (no workspace, no combine).
+    ``merge``: "fused" (the last slice of each row merges, one launch) or "launch" (a
+    second, combine kernel); default MERGE (env DSV4LAB_MERGE). ``partials``: the dtype
+    of the partial outputs (fp32; bf16 halves their bytes for one more rounding)."""
     B, H, D = q.shape
     q = q.contiguous()
     indices = indices.contiguous()
@@ -139,10 +147,14 @@ def sparse_decode_split(q, cache, indices, *, topk_len, sm_scale, attn_sink, nsp
     if nsplit == 1:
         head_batched.launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, cfg=cfg)
         return finish(out), lse
-    o_part, lse_part = workspace(B, H, nsplit, q.device)
+    o_part, lse_part, counters = workspace(B, H, nsplit, q.device, partials)
     if common._POISON[0]:
         o_part.fill_(float("nan"))
         lse_part.fill_(float("nan"))
+    if (merge or MERGE) == "fused":
+        head_batched.launch(q, cache, indices, topk_len, sm_scale, attn_sink, o_part, lse_part,
+                            nsplit=nsplit, cfg=cfg, merge_into=(out, lse, counters))
+        return finish(out), lse
     pdl = pdl_kwargs()
     head_batched.launch(q, cache, indices, topk_len, sm_scale, None, o_part, lse_part,
                         nsplit=nsplit, cfg=cfg, pdl=bool(pdl))
