@@ -88,6 +88,7 @@ def run_decode(impls=DECODE_IMPLS, batches=BATCHES, H=64, K=512, context=8192, p
 TILE_CANDIDATES = [(64, 64, 8, 2, 0, False), (64, 64, 8, 2, 0, True), (64, 64, 8, 1, 1, False),
                    (64, 32, 8, 1, 0, False), (64, 32, 8, 3, 0, False), (64, 32, 8, 1, 1, False),
                    (64, 32, 8, 1, 2, False), (64, 16, 8, 1, 2, False), (64, 128, 8, 1, 1, False),
+                   (64, 128, 8, 1, 0, False),
                    (16, 16, 4, 1, 0, False), (16, 32, 8, 2, 0, False), (16, 32, 4, 1, 2, False),
                    (16, 64, 8, 1, 0, False), (16, 64, 8, 1, 1, False), (16, 64, 8, 1, 2, False)]
 CHOSEN: dict = {}
@@ -141,17 +142,19 @@ def run_split(batches=BATCHES, splits=(1, 2, 4, 8, 16), H=64, K=512, context=819
     """NSPLIT x B for the table's 64-head entry and the two 16-head configs fastest at B=1
     in the tile sweep. The B=1 rows give each config's launch-time figures (fit_costs);
     the faster 16-head config becomes the "split" entry; each row says whether auto's
-    model, with the fitted figures, picks it."""
+    model, with the fitted figures, picks it. Also swept, not (yet) in the model: the
+    64-head config with the longest tiles fastest at B=1 (few tiles per slice)."""
     cap = bench.info().capability or "interpret"
     tiles = [r for r in CHOSEN.get("tile_rows") or [] if "error" not in r and r["out_err"] <= OUT_TOL]
     small = sorted((r for r in tiles if r["block_h"] < H), key=lambda r: r["us_B1"])[:2]
+    long_ = sorted((r for r in tiles if r["block_h"] == H and r["block_n"] >= 128), key=lambda r: r["us_B1"])[:1]
     cands = [head_batched.tile_config(H)] + [_cfg(r, "sweep") for r in small]
     if len(cands) == 1:                           # run alone: the table's two entries
         cands.append(head_batched.tile_config(H, split=True))
     rows = []
     for B in batches:
         inp = make_decode_inputs(B, H, K, context=context, seed=200 + B)
-        for cfg in cands:
+        for cfg in cands + [_cfg(r, "sweep: long tiles") for r in long_]:
             for ns in splits:
                 if ns > triton.cdiv(K, cfg.block_n):
                     continue
@@ -167,6 +170,7 @@ def run_split(batches=BATCHES, splits=(1, 2, 4, 8, 16), H=64, K=512, context=819
         del inp
         torch.cuda.empty_cache()
     fitted = [fit_costs(rows, c) for c in cands]
+    _log("long tiles, fitted (not in the model)", [fit_costs(rows, _cfg(r, "sweep: long tiles")) for r in long_])
     head_batched.TILE_TABLE[(cap, "mma")] = fitted[0]
     head_batched.TILE_TABLE[(cap, "split")] = min(fitted[1:], key=lambda c: _b1_best(rows, c))
     for r in rows:                                 # what auto's model picks, with the fitted figures

@@ -96,3 +96,14 @@ def test_wrong_device_is_named(inp):
     other = torch.device("meta")
     with pytest.raises(ValueError, match=r"indices must be on .* \(the cache's device\)"):
         call(inp, indices=inp.indices.to(other))
+
+
+def test_check_ranges_off_skips_only_the_range_checks(inp):
+    # check_ranges=False (eager timing without a host sync) still checks shapes and dtypes
+    kw = dict(impl="reference", check_ranges=False)
+    with pytest.raises((ValueError, TypeError), match="indices"):
+        dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices[:, :, None], **kw)
+    with pytest.raises(ValueError, match=r"indices must be < cache.num_tokens"):
+        dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices + 100, impl="reference")
+    out, lse = dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, **kw)
+    assert out.shape == inp.q.shape and torch.isfinite(lse).all()

@@ -115,7 +115,11 @@ def pdl_kwargs() -> dict:
 
 
 PDL = os.environ.get("DSV4LAB_PDL", "0") == "1"
-MERGE = os.environ.get("DSV4LAB_MERGE", "fused")
+#: "launch": a combine kernel merges (default); "fused": the last slice of each row merges
+#: inside the split launch. Fused lost on the H200 at every B with fp32 partials (B=1 13.6 ->
+#: 16.5 us, data/runs/h200/ab_merge.json): one SM reads all NSPLIT partials of its row
+#: (up to 1 MB) where the combine kernel spreads the merge over B x H programs.
+MERGE = os.environ.get("DSV4LAB_MERGE", "launch")
 _WORKSPACE: dict = {}
 
 
