@@ -1,7 +1,8 @@
 """A/B of split-K's merge on the GPU: a second (combine) launch vs the fused merge (the last
 slice of each row merges), with fp32 or bf16 partials. One JSON under OUT.
 
-    python tools/ab_merge.py OUT.json
+    python tools/ab_merge.py OUT.json [--batches 16 32 64] [--tiles 64,128,8,1,0 ...] [--splits 2 4]
+
 
 For each B, the launches split_k.choose_split / choose pick with the table's figures, plus
 NSPLIT 2/4/8 of both tile entries: each variant is checked against the float64 reference
@@ -9,7 +10,6 @@ NSPLIT 2/4/8 of both tile entries: each variant is checked against the float64 r
 fused merge's graph replay must equal its eager result bitwise (and leave the counters 0).
 """
 import json
-import sys
 
 import torch
 
@@ -28,15 +28,17 @@ def run(cfg, nsplit, merge, partials, inp, **kw):
                                        cfg=cfg, merge=merge, partials=partials, **kw)
 
 
-def main(path):
+def main(path, batches=(1, 2, 4, 8, 16, 32, 64, 128), tiles=None, splits=(2, 4, 8)):
     rows = []
     chk = make_decode_inputs(4, H, K, context=2048, topk_len=True, sink=True, pad_frac=0.1, seed=11)
     ro, rl = reference.sparse_decode(chk.q, chk.cache, chk.indices, sm_scale=512**-0.5, **chk.kwargs())
-    cfgs = [head_batched.tile_config(H), head_batched.tile_config(H, split=True)]
-    for B in [1, 2, 4, 8, 16, 32, 64, 128]:
+    cfgs = ([head_batched.TileConfig(*t[:4], "ab", prefetch=t[4]) for t in tiles] if tiles else
+            [head_batched.tile_config(H), head_batched.tile_config(H, split=True)])
+    for B in batches:
         inp = make_decode_inputs(B, H, K, context=8192, seed=300 + B)
-        launches = {(p.cfg, p.nsplit) for p in (split_k.choose(B, H, K), split_k.choose_split(B, H, K))}
-        launches |= {(c, n) for c in cfgs for n in (2, 4, 8)}
+        launches = set() if tiles else {(p.cfg, p.nsplit) for p in (split_k.choose(B, H, K),
+                                                                     split_k.choose_split(B, H, K))}
+        launches |= {(c, n) for c in cfgs for n in splits}
         for cfg, n in sorted(launches, key=lambda x: (x[0].block_h, x[1])):
             if n < 2:
                 continue
@@ -44,7 +46,7 @@ def main(path):
                 row = dict(B=B, block_h=cfg.block_h, block_n=cfg.block_n, nsplit=n, merge=merge,
                            partials=str(partials).split(".")[-1])
                 try:
-                    if B == 1:      # correctness once per variant and launch shape
+                    if B == batches[0]:      # correctness once per variant and launch shape
                         with poisoned():
                             o, lse = run(cfg, n, merge, partials, chk, **chk.kwargs())
                         row["out_err"], row["lse_err"] = rel_err(o.float(), ro), rel_err(lse, rl)
@@ -67,4 +69,11 @@ def main(path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    import argparse
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128])
+    ap.add_argument("--tiles", nargs="+", default=None, help="BLOCK_H,BLOCK_N,warps,stages,prefetch")
+    ap.add_argument("--splits", type=int, nargs="+", default=[2, 4, 8])
+    a = ap.parse_args()
+    main(a.out, a.batches, [tuple(int(v) for v in t.split(",")) for t in a.tiles] if a.tiles else None, a.splits)
