@@ -98,6 +98,6 @@ def head_batched_report(block_h, block_n, num_warps, num_stages, prefetch=0, *, 
 if __name__ == "__main__":
     import dsv4lab  # noqa: F401
     # BLOCK_H BLOCK_N warps stages [prefetch] [lazy] [maxnreg] [nsplit of a fused merge]
-    args = [int(a) for a in sys.argv[1:9]] or [64, 32, 8, 1, 2]
+    args = [int(a) for a in sys.argv[1:9]] or [64, 128, 8, 1, 0]
     print(head_batched_report(*args[:5], lazy_rescale=bool(args[5:6] and args[5]),
                               maxnreg=(args[6:7] or [None])[0] or None, merge_nsplit=(args[7:8] or [0])[0]))

@@ -23,8 +23,9 @@ def test_recorded_json_has_provenance(path):
     assert dev["name"] and isinstance(dev["sm_count"], int) and dev["sm_count"] > 0
     assert isinstance(dev["capability"], str) and "." in dev["capability"]
     assert d["torch"] and d["triton"]
-    c = d["ceilings"]
-    assert c["copy_tb_s"] > 0 and c["bf16_tflops"] > 0
+    if path.stem in ("device", "checks", "decode", "tiles", "split"):   # the recorded run measures its ceilings
+        c = d["ceilings"]
+        assert c["copy_tb_s"] > 0 and c["bf16_tflops"] > 0
 
 
 @pytest.mark.parametrize("part", ["checks", "decode", "tiles", "split"])

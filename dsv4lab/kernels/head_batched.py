@@ -186,10 +186,10 @@ class TileConfig:
 #: us_per_tile and fixed_us (the launch-time model, model_us) are fitted to the B = 1 rows
 #: of the NSPLIT sweep: time = fixed_us + tiles per program x us_per_tile (+ merge).
 TILE_TABLE = {
-    ("9.0", "mma"): TileConfig(64, 32, 8, 1, "H200 sweep, data/runs/h200/tiles.json (fastest at B=128)",
-                               prefetch=2, us_per_tile=3.372, fixed_us=11.61),
-    ("9.0", "split"): TileConfig(16, 64, 8, 1, "H200 sweep, data/runs/h200/split.json (fastest at B<=32)",
-                                 prefetch=2, us_per_tile=3.71, fixed_us=7.86),
+    ("9.0", "mma"): TileConfig(64, 128, 8, 1, "H200 sweep, data/runs/h200/tiles.json (fastest at B=128)",
+                               prefetch=0, us_per_tile=10.08, fixed_us=9.25, merge_us=3.23),
+    ("9.0", "split"): TileConfig(16, 64, 8, 1, "H200 sweep, data/runs/h200/split.json (fastest at B=1)",
+                                 prefetch=2, us_per_tile=3.781, fixed_us=7.64, merge_us=2.24),
     ("12.0", "mma"): TileConfig(64, 16, 8, 1, "paper estimate for RTX PRO 6000 (sm_120): not measured"),
     ("12.0", "split"): TileConfig(64, 16, 8, 1, "paper estimate for RTX PRO 6000 (sm_120): not measured"),
     ("interpret", "mma"): TileConfig(16, 16, 4, 1, "interpreter: small tiles keep numpy fast"),
