@@ -43,7 +43,8 @@ def main(path, batches=(1, 2, 4, 8, 16, 32, 64, 128), tiles=None, splits=(2, 4, 
             if n < 2:
                 continue
             for merge, partials in VARIANTS:
-                row = dict(B=B, block_h=cfg.block_h, block_n=cfg.block_n, nsplit=n, merge=merge,
+                row = dict(B=B, block_h=cfg.block_h, block_n=cfg.block_n, num_warps=cfg.num_warps,
+                           num_stages=cfg.num_stages, prefetch=cfg.prefetch, nsplit=n, merge=merge,
                            partials=str(partials).split(".")[-1])
                 try:
                     if B == batches[0]:      # correctness once per variant and launch shape

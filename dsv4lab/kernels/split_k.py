@@ -27,7 +27,7 @@ import triton.language as tl
 
 from ..api import register
 from . import common, head_batched
-from .common import alloc, finish, out_dtype, use_pdl
+from .common import alloc, finish, merge_partials, out_dtype, use_pdl
 
 MAX_SPLIT = 16
 #: the merge's cost beyond TileConfig.merge_us (fitted per config to the B=1 rows of the
@@ -81,30 +81,34 @@ def choose(B: int, H: int, K: int, *, sms: int | None = None) -> Plan:
 def _combine_kernel(O_PART, LSE_PART, SINK, O, LSE, H, NSPLIT,
                     stride_pb, stride_ph, stride_ps, stride_ob, stride_oh,
                     HAS_SINK: tl.constexpr, SPLIT_P2: tl.constexpr, D: tl.constexpr,
-                    USE_GDC: tl.constexpr = False):
+                    HEADS: tl.constexpr = 1, DCHUNK: tl.constexpr = 512, USE_GDC: tl.constexpr = False):
+    """The merge as its own launch: program (b, j) merges heads j*HEADS .. j*HEADS+HEADS-1 of
+    batch row b (common.merge_partials, the same code as the fused merge)."""
     if USE_GDC:
         tl.extra.cuda.gdc_wait()      # launched early (PDL): wait until the partials are written
     b = tl.program_id(0)
-    h = tl.program_id(1)
-    s = tl.arange(0, SPLIT_P2)
-    smask = s < NSPLIT
-    lse_i = tl.load(LSE_PART + (b * H + h) * NSPLIT + s, mask=smask, other=float("-inf"))
-    m = tl.max(lse_i, axis=0)
-    has = m > float("-inf")
-    w = tl.where(lse_i > float("-inf"), tl.exp(lse_i - tl.where(has, m, 0.0)), 0.0)
-    wsum = tl.sum(w, axis=0)
-    col = tl.arange(0, D)
-    o_i = tl.load(O_PART + b * stride_pb + h * stride_ph + s[:, None] * stride_ps + col[None, :],
-                  mask=smask[:, None], other=0.0)
-    out = tl.sum(w[:, None] * o_i, axis=0) / tl.where(has, wsum, 1.0)
-    lse = tl.where(has, m + tl.log(tl.where(has, wsum, 1.0)), float("-inf"))
-    if HAS_SINK:
-        sink = tl.load(SINK + h).to(tl.float32)
-        new_lse = tl.where(has, tl.maximum(lse, sink) + tl.log(1.0 + tl.exp(-tl.abs(lse - sink))), sink)
-        out = out * tl.exp(lse - new_lse)
-        lse = new_lse
-    tl.store(O + b * stride_ob + h * stride_oh + col, out.to(O.dtype.element_ty))
-    tl.store(LSE + b * H + h, lse)
+    heads = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
+    merge_partials(O_PART, LSE_PART, SINK, O, LSE, b, heads, heads < H, H, NSPLIT,
+                   stride_pb, stride_ph, stride_ps, stride_ob, stride_oh, HAS_SINK, SPLIT_P2, DCHUNK, D)
+
+
+#: the combine launch's shape: heads per program and warps (a program holds HEADS x NSPLIT x
+#: DCHUNK fp32 values at a time, DCHUNK sized to ~32 of them per thread)
+COMBINE_HEADS = 1
+COMBINE_WARPS = 4
+
+
+def combine(o_part, lse_part, attn_sink, out, lse, *, heads=None, num_warps=None, **pdl):
+    B, H, nsplit, D = o_part.shape
+    heads = heads or COMBINE_HEADS
+    num_warps = num_warps or COMBINE_WARPS
+    split_p2 = triton.next_power_of_2(nsplit)
+    dchunk = max(16, min(D, 32 * 32 * num_warps // (heads * split_p2)))
+    _combine_kernel[(B, triton.cdiv(H, heads))](
+        o_part, lse_part, attn_sink if attn_sink is not None else lse, out, lse, H, nsplit,
+        o_part.stride(0), o_part.stride(1), o_part.stride(2), out.stride(0), out.stride(1),
+        HAS_SINK=attn_sink is not None, SPLIT_P2=split_p2, D=D, HEADS=heads, DCHUNK=dchunk,
+        num_warps=num_warps, **pdl)
 
 
 def pdl_kwargs() -> dict:
@@ -162,10 +166,7 @@ def sparse_decode_split(q, cache, indices, *, topk_len, sm_scale, attn_sink, nsp
     pdl = pdl_kwargs()
     head_batched.launch(q, cache, indices, topk_len, sm_scale, None, o_part, lse_part,
                         nsplit=nsplit, cfg=cfg, pdl=bool(pdl))
-    _combine_kernel[(B, H)](
-        o_part, lse_part, attn_sink if attn_sink is not None else lse, out, lse, H, nsplit,
-        o_part.stride(0), o_part.stride(1), o_part.stride(2), out.stride(0), out.stride(1),
-        HAS_SINK=attn_sink is not None, SPLIT_P2=triton.next_power_of_2(nsplit), D=D, num_warps=4, **pdl)
+    combine(o_part, lse_part, attn_sink, out, lse, **pdl)
     return finish(out), lse
 
 
