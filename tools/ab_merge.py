@@ -76,5 +76,7 @@ if __name__ == "__main__":
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128])
     ap.add_argument("--tiles", nargs="+", default=None, help="BLOCK_H,BLOCK_N,warps,stages,prefetch")
     ap.add_argument("--splits", type=int, nargs="+", default=[2, 4, 8])
+    ap.add_argument("--merges", nargs="+", default=["launch", "fused"])
     a = ap.parse_args()
+    VARIANTS[:] = [v for v in VARIANTS if v[0] in a.merges]
     main(a.out, a.batches, [tuple(int(v) for v in t.split(",")) for t in a.tiles] if a.tiles else None, a.splits)
