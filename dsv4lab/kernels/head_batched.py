@@ -23,7 +23,7 @@ import triton.language as tl
 from ..api import register
 from ..device import info, is_interpret
 from .common import (LOG2E, alloc, cache_views, dequant_kv, dot_dtype, finish, gather_kv_tile, load_kv_raw,
-                     merge_partials, out_dtype, prefetch_kv_l2)
+                     merge_partials, out_dtype, prefetch_kv_l2, prefetch_kv_l2_bulk)
 
 
 @triton.jit
@@ -107,7 +107,7 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
             m_i, l_i, acc = _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, LAZY_RESCALE)
             kv = dequant_kv(x, e, r, NOPE, D, DOT)
             valid = valid_next
-    elif PREFETCH == 1:
+    elif PREFETCH == 1 or PREFETCH == 3:
         # Indices run two tiles ahead of the gather and the bytes of the next tile are
         # requested into L2 (GPU only) while this one is computed: a tile then waits on an
         # L2 hit instead of an index load followed by a dependent HBM gather.
@@ -118,7 +118,10 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
             tok = tok_next
             valid = (pos < hi) & (tok >= 0)
             tok_next = tok_next2
-            prefetch_kv_l2(KV_U8, tok_next, tok_next >= 0, PAGE_SIZE, PAGE_BYTES)
+            if PREFETCH == 3:
+                prefetch_kv_l2_bulk(KV_U8, tok_next, tok_next >= 0, PAGE_SIZE, PAGE_BYTES)
+            else:
+                prefetch_kv_l2(KV_U8, tok_next, tok_next >= 0, PAGE_SIZE, PAGE_BYTES)
             tok_next2 = tl.load(row + pos + 2 * BLOCK_N, mask=pos + 2 * BLOCK_N < hi, other=-1)
             kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, DOT)
             m_i, l_i, acc = _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, LAZY_RESCALE)
@@ -168,7 +171,7 @@ class TileConfig:
     num_stages: int
     source: str = ""
     lazy_rescale: bool = False
-    prefetch: int = 0                  # 0: Triton's pipeliner, 1: L2 hint, 2: registers (see kernel)
+    prefetch: int = 0                  # 0: Triton's pipeliner, 1: L2 hint, 2: registers, 3: bulk L2 hint
     us_per_tile: float | None = None   # measured: a program's time per BLOCK_N tile (the slope)
     fixed_us: float = 0.0              # measured: a launch's time beyond its tiles (the intercept)
     merge_us: float = 3.0              # measured: what split-K's merge adds to a launch of these tiles
@@ -263,7 +266,7 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, *, nsplit
         PAGE_SIZE=cache.page_size, PAGE_BYTES=cache.page_bytes,
         HAS_TOPK_LEN=topk_len is not None, HAS_SINK=attn_sink is not None, SPLIT=split,
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, D=D, NOPE=448, DOT=dot_dtype(),
-        LAZY_RESCALE=cfg.lazy_rescale, PREFETCH=0 if is_interpret() and cfg.prefetch == 1 else cfg.prefetch,
+        LAZY_RESCALE=cfg.lazy_rescale, PREFETCH=0 if is_interpret() and cfg.prefetch in (1, 3) else cfg.prefetch,
         LAUNCH_DEPENDENTS=pdl, **_merge_args(merge_into, B, H, nsplit, cfg),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
