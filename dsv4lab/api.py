@@ -3,7 +3,7 @@
 Every implementation of a stage registers itself here with :func:`register`;
 the checks live once, in this file, so a kernel never sees a bad argument and
 a user never gets a crash deep inside Triton. Checks that read device data
-(index range, topk_len range) are skipped while a CUDA graph is being captured,
+(index range, topk_len range, a finite sink) are skipped while a CUDA graph is being captured,
 because they would need a host sync; shapes, dtypes and devices are always checked.
 """
 from __future__ import annotations
@@ -85,6 +85,9 @@ def check_sparse_decode_args(q, cache, indices, topk_len, sm_scale, attn_sink, c
         if topk_len is not None and (int(topk_len.min()) < 0 or int(topk_len.max()) > K):
             raise ValueError(f"topk_len must lie in [0, K={K}], got range "
                              f"[{int(topk_len.min())}, {int(topk_len.max())}]")
+        if attn_sink is not None and not bool(torch.isfinite(attn_sink).all()):
+            raise ValueError("attn_sink must be finite (no sink for a head: pass attn_sink=None); "
+                             f"got {attn_sink.tolist()[:8]}")
 
 
 def _pick(op, impl):

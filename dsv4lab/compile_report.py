@@ -77,6 +77,7 @@ def report(kernel, arch=90) -> dict:
 def head_batched_report(block_h, block_n, num_warps, num_stages, prefetch=0, *, split=False, arch=90,
                         lazy_rescale=False, maxnreg=None, merge_nsplit=0) -> dict:
     """``merge_nsplit`` > 0: the split-K launch with its fused merge (fp32 partials)."""
+    from .kernels.common import merge_chunk
     from .kernels.head_batched import _head_batched_kernel
     c = dict(PAGE_SIZE=64, PAGE_BYTES=37440, HAS_TOPK_LEN=False, HAS_SINK=False, SPLIT=split or merge_nsplit > 0,
              BLOCK_H=block_h, BLOCK_N=block_n, D=512, NOPE=448, DOT=triton.language.bfloat16,
@@ -84,7 +85,7 @@ def head_batched_report(block_h, block_n, num_warps, num_stages, prefetch=0, *, 
     types = {}
     if merge_nsplit:
         p2 = triton.next_power_of_2(merge_nsplit)
-        c.update(MERGE=True, SPLIT_P2=p2, DCHUNK=max(16, min(512, 2048 * num_warps // (block_h * p2))))
+        c.update(MERGE=True, SPLIT_P2=p2, DCHUNK=merge_chunk(block_h, p2, num_warps, per_thread=64))
         types = {"O": "*fp32", "CNT": "*i32", "O_FINAL": "*bf16", "LSE_FINAL": "*fp32"}
     else:
         c.update(CNT=None, O_FINAL=None, LSE_FINAL=None)

@@ -1,4 +1,6 @@
 """Bad input gets a clear error naming the argument and what was expected."""
+import math
+
 import pytest
 import torch
 
@@ -107,3 +109,15 @@ def test_check_ranges_off_skips_only_the_range_checks(inp):
         dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices + 100, impl="reference")
     out, lse = dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, **kw)
     assert out.shape == inp.q.shape and torch.isfinite(lse).all()
+    # the range check is really skipped: a topk_len past K is not an error then (the kernels clamp it)
+    long = torch.full((inp.q.shape[0],), inp.indices.shape[1] + 1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="topk_len must lie in"):
+        dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, topk_len=long, impl="reference")
+    dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, topk_len=long, **kw)
+
+
+def test_sink_must_be_finite(inp):
+    sink = torch.zeros(inp.q.shape[1])
+    sink[1] = -math.inf
+    with pytest.raises(ValueError, match="attn_sink must be finite"):
+        dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, attn_sink=sink, impl="reference")

@@ -4,8 +4,8 @@
     python tools/ab_combine.py OUT.json [--batches 1 8 16 32 64]
 
 For each B, the launches choose / choose_split pick (NSPLIT > 1 only). Every combine shape is
-checked against the float64 reference (poisoned outputs, topk_len, sink) before it is timed
-(CUDA-graph replay, do_bench median, L2 flushed).
+checked against the float64 reference (poisoned outputs, topk_len, sink) on the first batch
+size's launches, then timed at every B (CUDA-graph replay, do_bench median, L2 flushed).
 """
 import argparse
 import json

@@ -2,12 +2,14 @@
 slice of each row merges), with fp32 or bf16 partials. One JSON under OUT.
 
     python tools/ab_merge.py OUT.json [--batches 16 32 64] [--tiles 64,128,8,1,0 ...] [--splits 2 4]
+                                      [--merges launch fused]
 
 
 For each B, the launches split_k.choose_split / choose pick with the table's figures, plus
-NSPLIT 2/4/8 of both tile entries: each variant is checked against the float64 reference
-(poisoned outputs, topk_len, sink) and timed with CUDA-graph replay, all in one run; the
-fused merge's graph replay must equal its eager result bitwise (and leave the counters 0).
+NSPLIT 2/4/8 of both tile entries: each variant is timed with CUDA-graph replay, all in one
+run, and checked against the float64 reference (poisoned outputs, topk_len, sink) at the
+first batch size's launch shapes, where the fused merge's graph replay must also equal its
+eager result bitwise (and leave the counters 0).
 """
 import json
 

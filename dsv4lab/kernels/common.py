@@ -148,6 +148,16 @@ def merge_partials(O_PART, LSE_PART, SINK, O, LSE, b, heads, hmask, H, nsplit,
     tl.store(LSE + b * H + heads, lse, mask=hmask)
 
 
+def merge_chunk(heads: int, split_p2: int, num_warps: int, d: int = 512, per_thread: int = 32) -> int:
+    """merge_partials' column chunk: a program holds heads x SPLIT_P2 x DCHUNK fp32 values at a
+    time, sized to ~per_thread a thread (at least 16 columns: more for 64 heads x 16 slices
+    at 4 warps). All factors are powers of two, so the chunk is one too and divides D."""
+    for name, v in (("heads", heads), ("split_p2", split_p2), ("num_warps", num_warps)):
+        if v < 1 or v & (v - 1):
+            raise ValueError(f"{name} must be a power of two, got {v}")
+    return max(16, min(d, per_thread * 32 * num_warps // (heads * split_p2)))
+
+
 def cache_views(cache):
     """(fp8, uint8, bf16) flat views of the cache bytes, the kernel's three pointers."""
     raw = cache.buffer.reshape(-1)

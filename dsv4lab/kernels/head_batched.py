@@ -10,7 +10,8 @@ split disappears in the gather, so both products are exactly 512 wide), then
 
 The KV bytes are read once per head block instead of once per head.
 The same kernel body serves stage 3 (split-K): with SPLIT it handles one slice
-of the top-k row and writes fp32 partials for the combine kernel in split_k.py.
+of the top-k row and writes partials (fp32, or bf16) for the combine kernel in
+split_k.py, or, with MERGE, the last slice of each row to finish merges them itself.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import triton.language as tl
 from ..api import register
 from ..device import info, is_interpret
 from .common import (LOG2E, alloc, cache_views, dequant_kv, dot_dtype, finish, gather_kv_tile, load_kv_raw,
-                     merge_partials, out_dtype, prefetch_kv_l2, prefetch_kv_l2_bulk)
+                     merge_chunk, merge_partials, out_dtype, prefetch_kv_l2, prefetch_kv_l2_bulk)
 
 
 @triton.jit
@@ -243,15 +244,18 @@ def choose_tiles(B: int, H: int, K: int, sms: int | None = None) -> TileConfig:
 
 def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, *, nsplit=1, split_len=None,
            cfg: TileConfig | None = None, pdl: bool = False, merge_into=None):
-    """Launch the head-batched kernel; with nsplit > 1, ``out``/``lse`` are the fp32 partial
-    workspaces [B, H, NSPLIT, 512] / [B, H, NSPLIT] and the sink is left to the merge.
+    """Launch the head-batched kernel; with nsplit > 1, ``out``/``lse`` are the partial
+    workspaces [B, H, NSPLIT, 512] (fp32 or bf16) / [B, H, NSPLIT] fp32.
     ``merge_into=(out, lse, counters)``: the last slice of each row merges in this launch
-    (counters: int32 zeros, >= B x head blocks); otherwise split_k's combine kernel does.
+    and applies ``attn_sink`` (counters: int32 zeros, >= B x head blocks; each launch leaves
+    them zero); otherwise split_k's combine kernel merges and ``attn_sink`` must be None here.
     ``pdl``: the next launch (split-K's combine) is a programmatic dependent launch."""
     B, H, D = q.shape
     K = indices.shape[1]
     cfg = cfg or tile_config(H)
     split = nsplit > 1
+    assert not (split and attn_sink is not None and merge_into is None), "the sink belongs to the merge"
+    assert not (pdl and merge_into is not None), "PDL would let the next launch start before the counters reset"
     if split_len is None:
         split_len = triton.cdiv(triton.cdiv(K, nsplit), cfg.block_n) * cfg.block_n
     fp8, u8, bf16 = cache_views(cache)
@@ -277,8 +281,7 @@ def _merge_args(merge_into, B, H, nsplit, cfg):
     out, lse, counters = merge_into
     assert nsplit > 1 and counters.dtype == torch.int32 and counters.numel() >= B * triton.cdiv(H, cfg.block_h)
     split_p2 = triton.next_power_of_2(nsplit)
-    # the merge holds [BLOCK_H, NSPLIT, DCHUNK] fp32: ~64 registers a thread at 8 warps
-    dchunk = max(16, min(512, 64 * 32 * cfg.num_warps // (cfg.block_h * split_p2)))   # powers of 2
+    dchunk = merge_chunk(cfg.block_h, split_p2, cfg.num_warps, per_thread=64)
     return dict(CNT=counters, O_FINAL=out, LSE_FINAL=lse, stride_fb=out.stride(0), stride_fh=out.stride(1),
                 MERGE=True, SPLIT_P2=split_p2, DCHUNK=dchunk)
 

@@ -2,8 +2,9 @@
 
 At batch 1 the head-batched grid has B * H / BLOCK_H programs (1 for H=64,
 BLOCK_H=64) on a chip with 132 SMs. Split the top-k row into NSPLIT slices:
-each program runs the stage-2 kernel body on its slice and writes an fp32
-partial (o_i, lse_i); a combine kernel merges them:
+each program runs the stage-2 kernel body on its slice and writes a partial
+(o_i, lse_i; fp32 by default); a combine kernel merges them (or, with
+merge="fused", the last slice of each row to finish, in the same launch):
 
     lse = log(sum_i exp(lse_i)),   o = sum_i exp(lse_i - lse) * o_i
 
@@ -27,13 +28,13 @@ import triton.language as tl
 
 from ..api import register
 from . import common, head_batched
-from .common import alloc, finish, merge_partials, out_dtype, use_pdl
+from .common import alloc, finish, merge_chunk, merge_partials, out_dtype, use_pdl
 
 MAX_SPLIT = 16
 #: the merge's cost beyond TileConfig.merge_us (fitted per config to the B=1 rows of the
 #: NSPLIT sweep): the fp32 partials written and read back, us per MB. Fitted by hand to
 #: the B=16..64 rows of the H200 sweep with a combine launch (data/runs/h200/split.json).
-PARTIAL_US_PER_MB = 0.35
+PARTIAL_US_PER_MB = 0.35     # (merge_us, fitted at B=1, already holds B=1's partials: <= 0.35 us counted twice)
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ def combine(o_part, lse_part, attn_sink, out, lse, *, heads=None, num_warps=None
     heads = heads or COMBINE_HEADS
     num_warps = num_warps or COMBINE_WARPS
     split_p2 = triton.next_power_of_2(nsplit)
-    dchunk = max(16, min(D, 32 * 32 * num_warps // (heads * split_p2)))
+    dchunk = merge_chunk(heads, split_p2, num_warps, D)
     _combine_kernel[(B, triton.cdiv(H, heads))](
         o_part, lse_part, attn_sink if attn_sink is not None else lse, out, lse, H, nsplit,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), out.stride(0), out.stride(1),
@@ -120,10 +121,13 @@ def pdl_kwargs() -> dict:
 
 PDL = os.environ.get("DSV4LAB_PDL", "0") == "1"
 #: "launch": a combine kernel merges (default); "fused": the last slice of each row merges
-#: inside the split launch. Fused lost on the H200 at every B with fp32 partials (B=1 13.6 ->
-#: 16.5 us, data/runs/h200/ab_merge.json): one SM reads all NSPLIT partials of its row
-#: (up to 1 MB) where the combine kernel spreads the merge over B x H programs.
+#: inside the split launch. With fp32 partials fused was slower on the H200 at all but one
+#: launch shape, where it tied (B=1 13.6 -> 16.5 us, B=32 32.7 -> 38.3;
+#: data/runs/h200/ab_merge.json): one SM reads all NSPLIT partials of its row (up to 1 MB)
+#: where the combine kernel spreads the merge over B x H programs.
 MERGE = os.environ.get("DSV4LAB_MERGE", "launch")
+if MERGE not in ("launch", "fused"):
+    raise ValueError(f"DSV4LAB_MERGE must be 'launch' or 'fused', got {MERGE!r}")
 _WORKSPACE: dict = {}
 
 
@@ -159,7 +163,10 @@ def sparse_decode_split(q, cache, indices, *, topk_len, sm_scale, attn_sink, nsp
     if common._POISON[0]:
         o_part.fill_(float("nan"))
         lse_part.fill_(float("nan"))
-    if (merge or MERGE) == "fused":
+    merge = merge or MERGE
+    if merge not in ("launch", "fused"):
+        raise ValueError(f"merge must be 'launch' or 'fused', got {merge!r}")
+    if merge == "fused":
         head_batched.launch(q, cache, indices, topk_len, sm_scale, attn_sink, o_part, lse_part,
                             nsplit=nsplit, cfg=cfg, merge_into=(out, lse, counters))
         return finish(out), lse
