@@ -27,7 +27,7 @@ from triton.compiler import ASTSource
 _PTR = {"Q": "*bf16", "KV_FP8": "*fp8e4nv", "KV_U8": "*u8", "KV_BF16": "*bf16", "IDX": "*i32",
         "TOPK_LEN": "*i32", "SINK": "*fp32", "O": "*bf16", "LSE": "*fp32"}
 _DIV16 = {"stride_qb", "stride_qh", "stride_ib", "stride_ob", "stride_oh", "K",
-          "split_len", "stride_os", "stride_fb", "stride_fh"}
+          "split_len", "stride_os", "stride_fb", "stride_fh", "stride_pb", "stride_ph", "stride_ps"}
 
 
 def compile_kernel(fn, constexprs: dict, *, num_warps=4, num_stages=2, arch=90, fp32_args=("qk_scale",),
