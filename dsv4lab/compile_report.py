@@ -93,6 +93,7 @@ def head_batched_report(block_h, block_n, num_warps, num_stages, prefetch=0, *, 
                        maxnreg=maxnreg, ptr_types=types)
     return {"maxnreg": maxnreg, "block_h": block_h, "block_n": block_n, "num_warps": num_warps, "num_stages": num_stages,
             "prefetch": prefetch, "lazy_rescale": lazy_rescale, "merge_nsplit": merge_nsplit, "arch": arch,
+            "triton": triton.__version__,
             **report(k, arch)}
 
 
