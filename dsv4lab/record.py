@@ -147,9 +147,9 @@ def run_split(batches=BATCHES, splits=(1, 2, 4, 8, 16), H=64, K=512, context=819
     cap = bench.info().capability or "interpret"
     tiles = [r for r in CHOSEN.get("tile_rows") or [] if "error" not in r and r["out_err"] <= OUT_TOL]
     small = sorted((r for r in tiles if r["block_h"] < H), key=lambda r: r["us_B1"])[:2]
-    long_ = sorted((r for r in tiles if r["block_h"] == H and r["block_n"] >= 128), key=lambda r: r["us_B1"])[:1]
     cands = [head_batched.tile_config(H)] + [_cfg(r, "sweep") for r in small]
-    long_ = [r for r in long_ if not _same(r, cands[0])]          # already swept as the mma entry
+    long_ = sorted((r for r in tiles if r["block_h"] == H and r["block_n"] >= 128
+                    and not _same(r, cands[0])), key=lambda r: r["us_B1"])[:1]    # not the mma entry again
     if len(cands) == 1:                           # run alone: the table's two entries
         cands.append(head_batched.tile_config(H, split=True))
     rows = []

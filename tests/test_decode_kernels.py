@@ -146,14 +146,13 @@ def test_combine_launch_shapes(heads, num_warps):
     inp.topk_len[1] = 0                                          # a row with no token at all
     cfg = head_batched.TileConfig(16, 16, 4, 1, "test", prefetch=2)
     ro, rl = reference.sparse_decode(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5, **inp.kwargs())
-    with poisoned():
-        o_part, lse_part, _ = split_k.workspace(2, 12, 3, inp.q.device)
-        o_part.fill_(float("nan"))
-        lse_part.fill_(float("nan"))
-        out = torch.full((2, 12, 512), float("nan"), device=inp.q.device)
-        lse = torch.full((2, 12), float("nan"), device=inp.q.device)
-        head_batched.launch(inp.q, inp.cache, inp.indices, inp.topk_len, 512**-0.5, None, o_part, lse_part,
-                            nsplit=3, cfg=cfg)
-        split_k.combine(o_part, lse_part, inp.attn_sink, out, lse, heads=heads, num_warps=num_warps)
+    o_part, lse_part, _ = split_k.workspace(2, 12, 3, inp.q.device)
+    for buf in (o_part, lse_part):                               # poisoned: every element must be written
+        buf.fill_(float("nan"))
+    out = torch.full((2, 12, 512), float("nan"), device=inp.q.device)
+    lse = torch.full((2, 12), float("nan"), device=inp.q.device)
+    head_batched.launch(inp.q, inp.cache, inp.indices, inp.topk_len, 512**-0.5, None, o_part, lse_part,
+                        nsplit=3, cfg=cfg)
+    split_k.combine(o_part, lse_part, inp.attn_sink, out, lse, heads=heads, num_warps=num_warps)
     assert rel_err(out, ro) <= OUT_TOL
     assert rel_err(lse, rl) <= LSE_TOL
