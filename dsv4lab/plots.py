@@ -97,7 +97,7 @@ def split_heatmap(ax, df, value="us"):
 
 def tile_label(row) -> str:
     """'64x32 w8 s1 p2' (+ ' lazy') for a tile-sweep row; p = the kernel's gather loop
-    (0 plain, 1 L2 prefetch hint, 2 register pipeline, 3 bulk L2 hint), when the run recorded it."""
+    (0 plain, 1 L2 prefetch hint, 2 register pipeline, 3 bulk L2 hint, 4 indices one tile ahead), when the run recorded it."""
     lazy = " lazy" if bool(row.get("lazy_rescale", False)) else ""
     pf = row.get("prefetch")
     pf = f" p{int(pf)}" if pf is not None and pf == pf else ""

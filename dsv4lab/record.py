@@ -82,13 +82,13 @@ def run_decode(impls=DECODE_IMPLS, batches=BATCHES, H=64, K=512, context=8192, p
 
 #: (BLOCK_H, BLOCK_N, warps, stages, prefetch, lazy rescale). Configs the offline compiler
 #: report (dsv4lab.compile_report, sm_90a) shows with no or few spills; the rest spill
-#: kilobytes per thread and were not timed. prefetch 0/1/2/3 = the kernel's loops
-#: (Triton's pipeliner / L2 hint / register pipeline / bulk L2 hint, head_batched.py); 64x64 s2 p0 is the
+#: kilobytes per thread and were not timed. prefetch 0/1/2/3/4 = the kernel's loops
+#: (Triton's pipeliner / L2 hint / register pipeline / bulk L2 hint / indices ahead, head_batched.py); 64x64 s2 p0 is the
 #: first stage-2 kernel, kept as the reference point, with and without the lazy rescale.
 TILE_CANDIDATES = [(64, 64, 8, 2, 0, False), (64, 64, 8, 2, 0, True), (64, 64, 8, 1, 1, False),
                    (64, 32, 8, 1, 0, False), (64, 32, 8, 3, 0, False), (64, 32, 8, 1, 1, False),
                    (64, 32, 8, 1, 2, False), (64, 16, 8, 1, 2, False), (64, 128, 8, 1, 1, False),
-                   (64, 128, 8, 1, 0, False), (64, 128, 8, 1, 3, False), (16, 64, 8, 1, 3, False),
+                   (64, 128, 8, 1, 0, False), (64, 128, 8, 1, 3, False), (64, 128, 8, 1, 4, False), (16, 64, 8, 1, 3, False),
                    (16, 16, 4, 1, 0, False), (16, 32, 8, 2, 0, False), (16, 32, 4, 1, 2, False),
                    (16, 64, 8, 1, 0, False), (16, 64, 8, 1, 1, False), (16, 64, 8, 1, 2, False)]
 CHOSEN: dict = {}

@@ -101,10 +101,10 @@ def test_poison_catches_unwritten_output(dev):
     assert rel_err(out[:1].float(), ro[:1]) <= OUT_TOL
 
 
-@pytest.mark.parametrize("prefetch,nsplit,merge", [(p, 1, "launch") for p in (0, 2)] +
-                         [(p, n, m) for p in (0, 2) for n in (2, 3) for m in ("fused", "launch")])
+@pytest.mark.parametrize("prefetch,nsplit,merge", [(p, 1, "launch") for p in (0, 2, 4)] +
+                         [(p, n, m) for p in (0, 2, 4) for n in (2, 3) for m in ("fused", "launch")])
 def test_every_loop_of_the_head_batched_kernel(prefetch, nsplit, merge):
-    # the kernel's loops (head_batched.py: 0 = plain, 2 = register pipeline; 1 is a GPU-only
+    # the kernel's loops (head_batched.py: 0 = plain, 2 = register pipeline, 4 = indices ahead; 1 is a GPU-only
     # L2 hint over loop 0) on 3 tiles of 16 + a partial one, padding and topk_len, whole rows
     # and split slices (a slice may start past topk_len, or hold one partial tile)
     from dsv4lab import reference

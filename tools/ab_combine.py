@@ -1,7 +1,7 @@
 """Where split-K's merge time goes, on the GPU: the split launch alone, the combine launch alone
 (several shapes: heads per program x warps), both together, and both with PDL. One JSON.
 
-    python tools/ab_combine.py OUT.json [--batches 1 8 16 32 64]
+    python tools/ab_combine.py OUT.json [--batches 1 8 16 32 64] [--partials float32 bfloat16] [--shapes 1,4 1,2]
 
 For each B, the launches choose / choose_split pick (NSPLIT > 1 only). Every combine shape is
 checked against the float64 reference (poisoned outputs, topk_len, sink) on the first batch
@@ -21,16 +21,18 @@ H, K = 64, 512
 SHAPES = [(1, 4), (1, 1), (1, 2), (2, 4), (4, 4), (8, 8), (16, 8)]     # (heads per program, warps)
 
 
-def main(path, batches):
+def main(path, batches, partial_dtypes=("float32",), shapes=SHAPES):
     rows = []
     chk = make_decode_inputs(4, H, K, context=2048, topk_len=True, sink=True, pad_frac=0.1, seed=13)
     ro, rl = reference.sparse_decode(chk.q, chk.cache, chk.indices, sm_scale=512**-0.5, **chk.kwargs())
     for B in batches:
         inp = make_decode_inputs(B, H, K, context=8192, seed=400 + B)
         plans = {(p.cfg, p.nsplit) for p in (split_k.choose(B, H, K), split_k.choose_split(B, H, K)) if p.nsplit > 1}
-        for cfg, n in sorted(plans, key=lambda x: (x[0].block_h, x[1])):
-            base = dict(B=B, block_h=cfg.block_h, block_n=cfg.block_n, prefetch=cfg.prefetch, nsplit=n)
-            o_part, lse_part, _ = split_k.workspace(B, H, n, inp.q.device)
+        for (cfg, n), pname in ((c, p) for c in sorted(plans, key=lambda x: (x[0].block_h, x[1]))
+                                for p in partial_dtypes):
+            pdt = getattr(torch, pname)
+            base = dict(B=B, block_h=cfg.block_h, block_n=cfg.block_n, prefetch=cfg.prefetch, nsplit=n, partials=pname)
+            o_part, lse_part, _ = split_k.workspace(B, H, n, inp.q.device, pdt)
             out = torch.empty(B, H, 512, dtype=torch.bfloat16, device=inp.q.device)
             lse = torch.empty(B, H, dtype=torch.float32, device=inp.q.device)
 
@@ -40,11 +42,11 @@ def main(path, batches):
             split_only()
             rows.append(dict(base, what="split launch alone", us=bench.time_ms(split_only, graph=True) * 1e3))
             print(rows[-1], flush=True)
-            for heads, warps in SHAPES:
+            for heads, warps in shapes:
                 row = dict(base, heads=heads, num_warps=warps)
                 try:
                     if B == batches[0]:
-                        co, cl, _ = split_k.workspace(4, H, n, chk.q.device)
+                        co, cl, _ = split_k.workspace(4, H, n, chk.q.device, pdt)
                         with poisoned():
                             co.fill_(float("nan"))
                             cl.fill_(float("nan"))
@@ -72,7 +74,7 @@ def main(path, batches):
                     head_batched.launch(inp.q, inp.cache, inp.indices, None, 512**-0.5, None, o_part, lse_part,
                                         nsplit=n, cfg=cfg, pdl=True)
                     split_k.combine(o_part, lse_part, None, out, lse, USE_GDC=True, launch_pdl=True)
-                rows.append(dict(base, heads=split_k.COMBINE_HEADS, num_warps=split_k.COMBINE_WARPS,
+                rows.append(dict(base, heads=split_k.COMBINE_HEADS, num_warps=split_k.combine_warps(pdt),
                                  what="split + combine, PDL", us=bench.time_ms(both_pdl, graph=True) * 1e3))
                 print(rows[-1], flush=True)
         del inp
@@ -84,5 +86,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 16, 32, 64])
+    ap.add_argument("--partials", nargs="+", default=["float32"], choices=["float32", "bfloat16"])
+    ap.add_argument("--shapes", nargs="+", default=[f"{h},{w}" for h, w in SHAPES], help="HEADS,WARPS of the combine")
     a = ap.parse_args()
-    main(a.out, a.batches)
+    main(a.out, a.batches, a.partials, [tuple(int(v) for v in s.split(",")) for s in a.shapes])

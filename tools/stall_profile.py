@@ -39,6 +39,23 @@ for spec in specs:
             if h.startswith("stall_") and "Not Issued" not in h and r[ix[h]]:
                 stalls[h[6:]] += float(r[ix[h]])
     total = sum(stalls.values())
+    # per SASS instruction: which ones the samples sit on, and by opcode (LDG, HGMMA, BAR, ...)
+    src_col = next((i for i, h in enumerate(hdr) if h.strip() == "Source"), None)
+    per_ins, by_op = [], collections.Counter()
+    for n, r in enumerate(data):
+        here_ = {h[6:]: float(r[ix[h]]) for h in hdr
+                 if h.startswith("stall_") and "Not Issued" not in h and r[ix[h]] not in ("", "0")}
+        cnt = sum(here_.values())
+        if not cnt or src_col is None:
+            continue
+        ins = r[src_col].strip()
+        op = re.sub(r"^@!?U?P\w+\s+", "", ins).split(" ")[0].split(".")[0]
+        by_op[op] += cnt
+        per_ins.append((cnt, n, ins, here_))
+    per_ins.sort(reverse=True)
+    hot = [dict(line=n, sass=ins[:90], share=round(c / total, 4),
+                reasons={k: round(v / c, 3) for k, v in sorted(here_.items(), key=lambda kv: -kv[1])[:3]})
+           for c, n, ins, here_ in per_ins[:30]]
 
     def metric(name):
         m = re.search(rf"{re.escape(name)}\s+\S+\s+([\d.,]+)", det)
@@ -46,8 +63,9 @@ for spec in specs:
     row = dict(spec=spec, B=int(B), duration_us=metric("Duration"), ipc=metric("Executed Ipc Active"),
                achieved_occupancy_pct=metric("Achieved Occupancy"), registers=metric("Registers Per Thread"),
                l2_hit_pct=metric("L2 Hit Rate"), warp_cycles_per_issue=metric("Warp Cycles Per Issued Instruction"),
-               stall_share={k: round(v / total, 4) for k, v in stalls.most_common()})
-    print(row, flush=True)
+               stall_share={k: round(v / total, 4) for k, v in stalls.most_common()},
+               stall_by_opcode={k: round(v / total, 4) for k, v in by_op.most_common(15)}, hot_sass=hot)
+    print({k: v for k, v in row.items() if k != "hot_sass"}, flush=True)
     res.append(row)
 sys.path.insert(0, os.path.dirname(here))
 from dsv4lab import bench, device  # noqa: E402

@@ -126,6 +126,18 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
             tok_next2 = tl.load(row + pos + 2 * BLOCK_N, mask=pos + 2 * BLOCK_N < hi, other=-1)
             kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, DOT)
             m_i, l_i, acc = _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, LAZY_RESCALE)
+    elif PREFETCH == 4:
+        # Indices one tile ahead, nothing else: the next tile's index load (1 register a
+        # thread) overlaps this tile's work, so each tile waits on one dependent load (the
+        # gather) instead of two (indices, then the gather they address).
+        tok_next = tl.load(row + lo + t, mask=lo + t < hi, other=-1)
+        for start in range(lo, hi, BLOCK_N):
+            pos = start + t
+            tok = tok_next
+            valid = (pos < hi) & (tok >= 0)
+            tok_next = tl.load(row + pos + BLOCK_N, mask=pos + BLOCK_N < hi, other=-1)
+            kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, DOT)
+            m_i, l_i, acc = _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, LAZY_RESCALE)
     else:
         # indices and bytes loaded in the iteration that uses them. With num_stages > 1
         # Triton 3.6 turns the gathers into cp.async copies, but issues them at the end of
@@ -172,7 +184,8 @@ class TileConfig:
     num_stages: int
     source: str = ""
     lazy_rescale: bool = False
-    prefetch: int = 0                  # 0: Triton's pipeliner, 1: L2 hint, 2: registers, 3: bulk L2 hint
+    prefetch: int = 0                  # 0: Triton's pipeliner, 1: L2 hint, 2: registers, 3: bulk L2 hint,
+                                       # 4: indices one tile ahead
     us_per_tile: float | None = None   # measured: a program's time per BLOCK_N tile (the slope)
     fixed_us: float = 0.0              # measured: a launch's time beyond its tiles (the intercept)
     merge_us: float = 3.0              # measured: what split-K's merge adds to a launch of these tiles

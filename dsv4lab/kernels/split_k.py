@@ -93,18 +93,26 @@ def _combine_kernel(O_PART, LSE_PART, SINK, O, LSE, H, NSPLIT,
                    stride_pb, stride_ph, stride_ps, stride_ob, stride_oh, HAS_SINK, SPLIT_P2, DCHUNK, D)
 
 
-#: the combine launch's shape: heads per program and warps (a program holds HEADS x NSPLIT x
-#: DCHUNK fp32 values at a time, DCHUNK sized to ~32 of them per thread)
+#: the combine launch's shape: heads per program and warps for fp32 partials (a program holds
+#: HEADS x NSPLIT x DCHUNK values at a time, DCHUNK sized to ~128 bytes of them per thread)
 COMBINE_HEADS = 1
 COMBINE_WARPS = 4
+
+
+def combine_warps(partials: torch.dtype) -> int:
+    """Warps of the combine launch for partials of this dtype: COMBINE_WARPS for fp32, half for
+    bf16. Triton loads 16 bytes a thread, so 4 warps cover a 512-wide fp32 row but two bf16
+    rows; the sum over slices then crosses warps (shared memory and 9 barriers per program in
+    the SASS) instead of staying in each thread's registers. 2 warps keep bf16 in-thread."""
+    return max(1, COMBINE_WARPS * partials.itemsize // 4)
 
 
 def combine(o_part, lse_part, attn_sink, out, lse, *, heads=None, num_warps=None, **pdl):
     B, H, nsplit, D = o_part.shape
     heads = heads or COMBINE_HEADS
-    num_warps = num_warps or COMBINE_WARPS
+    num_warps = num_warps or combine_warps(o_part.dtype)
     split_p2 = triton.next_power_of_2(nsplit)
-    dchunk = merge_chunk(heads, split_p2, num_warps, D)
+    dchunk = merge_chunk(heads, split_p2, num_warps, D, per_thread=128 // o_part.element_size())
     _combine_kernel[(B, triton.cdiv(H, heads))](
         o_part, lse_part, attn_sink if attn_sink is not None else lse, out, lse, H, nsplit,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), out.stride(0), out.stride(1),
