@@ -10,6 +10,8 @@ import json
 import platform
 
 import torch
+import triton
+import triton.language as tl
 
 from . import api, roofline
 from .device import ceilings, info, mode
@@ -41,6 +43,27 @@ def time_ms(fn, *, graph=False, warmup=25, rep=100) -> float:
         g, _ = capture(fn)
         fn = g.replay
     return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+@triton.jit
+def _empty_kernel(X):
+    if tl.program_id(0) < 0:          # never true: a launch that does no work
+        tl.store(X, 0)
+
+
+def launch_floor_us(programs: int | None = None) -> dict:
+    """What launches that do nothing cost as every decode time here is taken (do_bench median,
+    L2 flushed, CUDA-graph replay; also eager): one launch of ``programs`` (default: one per SM)
+    and two back to back, like split-K's pair. The floor under any one- or two-launch time."""
+    x = torch.zeros(1, device="cuda")
+    grid = (programs or info().sm_count,)
+    one = lambda: _empty_kernel[grid](x)  # noqa: E731
+
+    def two():
+        _empty_kernel[grid](x)
+        _empty_kernel[grid](x)
+    return {"one_launch_graph_us": time_ms(one, graph=True) * 1e3, "two_launches_graph_us": time_ms(two, graph=True) * 1e3,
+            "one_launch_eager_us": time_ms(one) * 1e3, "how": f"empty kernel, {grid[0]} programs; do_bench median, L2 flushed"}
 
 
 def heads_per_read(impl: str, H: int, B: int = 1, K: int = 512) -> int:
@@ -123,7 +146,6 @@ def decode_table(impls, batches, *, H=64, K=512, context=8192, page_size=64, bas
 
 def environment() -> dict:
     """Device, versions and date: stamped into every recorded run."""
-    import triton
     d = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
          "device": info().as_dict(), "python": platform.python_version(),
          "torch": torch.__version__, "triton": triton.__version__}

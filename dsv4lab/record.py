@@ -232,7 +232,8 @@ def main(out_dir: str, only=None):
     env = bench.environment()
     t0 = time.time()
     env["ceilings"] = ceilings().as_dict()
-    _log("ceilings", env["ceilings"], f"{time.time() - t0:.1f}s")
+    env["launch_floor"] = bench.launch_floor_us()
+    _log("ceilings", env["ceilings"], "launch floor", env["launch_floor"], f"{time.time() - t0:.1f}s")
     bench.save(os.path.join(out_dir, "device.json"), env)
     for name in only or PARTS:
         t = time.time()

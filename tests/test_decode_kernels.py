@@ -156,3 +156,27 @@ def test_combine_launch_shapes(heads, num_warps):
     split_k.combine(o_part, lse_part, inp.attn_sink, out, lse, heads=heads, num_warps=num_warps)
     assert rel_err(out, ro) <= OUT_TOL
     assert rel_err(lse, rl) <= LSE_TOL
+
+
+def test_combine_warps_keep_a_slice_row_in_one_thread_group():
+    # Triton loads 16 bytes a thread: 4 warps x 32 x 4 fp32 = 512 = one partial row, and for
+    # bf16 that takes 2 warps; more warps would spread the slices over warps (a cross-warp sum)
+    from dsv4lab.kernels import split_k
+    for dt in (torch.float32, torch.bfloat16):
+        w = split_k.combine_warps(dt)
+        assert w * 32 * (16 // dt.itemsize) == 512, (dt, w)
+
+
+def test_partials_default_is_fp32_in_the_interpreter():
+    # the interpreter truncates fp32->bf16 casts, so its split-K keeps fp32 partials
+    from dsv4lab.device import is_interpret
+    from dsv4lab.kernels import split_k
+    if not is_interpret():
+        assert split_k.partials_dtype() == getattr(torch, split_k.PARTIALS)
+    else:
+        assert split_k.partials_dtype() == torch.float32
+    inp = make_decode_inputs(1, 16, 40, context=100)
+    cfg = split_k.head_batched.TileConfig(16, 16, 4, 1, "test")
+    split_k.sparse_decode_split(inp.q, inp.cache, inp.indices, topk_len=None, sm_scale=512**-0.5, attn_sink=None,
+                                nsplit=2, cfg=cfg)
+    assert split_k.workspace(1, 16, 2, inp.q.device, split_k.partials_dtype())[0].dtype == split_k.partials_dtype()

@@ -3,7 +3,7 @@
 At batch 1 the head-batched grid has B * H / BLOCK_H programs (1 for H=64,
 BLOCK_H=64) on a chip with 132 SMs. Split the top-k row into NSPLIT slices:
 each program runs the stage-2 kernel body on its slice and writes a partial
-(o_i, lse_i; fp32 by default); a combine kernel merges them (or, with
+(o_i in bf16 on the GPU, fp32 in the interpreter; lse_i fp32); a combine kernel merges them (or, with
 merge="fused", the last slice of each row to finish, in the same launch):
 
     lse = log(sum_i exp(lse_i)),   o = sum_i exp(lse_i - lse) * o_i
@@ -28,11 +28,12 @@ import triton.language as tl
 
 from ..api import register
 from . import common, head_batched
+from ..device import is_interpret
 from .common import alloc, finish, merge_chunk, merge_partials, out_dtype, use_pdl
 
 MAX_SPLIT = 16
 #: the merge's cost beyond TileConfig.merge_us (fitted per config to the B=1 rows of the
-#: NSPLIT sweep): the fp32 partials written and read back, us per MB. Fitted by hand to
+#: NSPLIT sweep): the partials written and read back, us per MB. Fitted by hand to
 #: the B=16..64 rows of the H200 sweep with a combine launch (data/runs/h200/split.json).
 PARTIAL_US_PER_MB = 0.35     # (merge_us, fitted at B=1, already holds B=1's partials: <= 0.35 us counted twice)
 
@@ -53,7 +54,7 @@ def plans(B: int, H: int, K: int, *, sms: int | None = None, mma_cfg=None, split
     """Every candidate launch, with its modeled time
 
         head_batched.model_us (fixed + waves x tiles per program x us per tile)
-        + [NSPLIT > 1] (cfg.merge_us + PARTIAL_US_PER_MB x MB of fp32 partials)
+        + [NSPLIT > 1] (cfg.merge_us + PARTIAL_US_PER_MB x MB of partials, partials_dtype())
 
     over both tile entries of the table (64-head "mma", 16-head "split") and every
     NSPLIT that leaves no slice empty. Programs of one wave run side by side; the
@@ -67,7 +68,7 @@ def plans(B: int, H: int, K: int, *, sms: int | None = None, mma_cfg=None, split
                 continue                              # would leave an empty trailing slice
             progs, waves, per, t = head_batched.model_us(cfg, B, H, K, n, sms)
             if n > 1:
-                t += cfg.merge_us + PARTIAL_US_PER_MB * B * H * n * 512 * 4 / 1e6
+                t += cfg.merge_us + PARTIAL_US_PER_MB * B * H * n * 512 * partials_dtype().itemsize / 1e6
             out.append(Plan("split" if n > 1 else "mma", cfg, n, progs, waves, per, t))
     return out
 
@@ -139,6 +140,21 @@ if MERGE not in ("launch", "fused"):
 _WORKSPACE: dict = {}
 
 
+#: dtype of the partial outputs o_i on the GPU (env DSV4LAB_PARTIALS). bf16: half the bytes
+#: written and read back, one more rounding (out error 2.1e-3 -> 2.6e-3 against the float64
+#: reference, bound 5e-3); with the combine at 2 warps (combine_warps) it was faster at every B
+#: measured: B=1 14.1 -> 13.6 us, B=32 29.9 -> 27.3, B=64 43.5 -> 42.9 (data/runs/h200/ab_partials2.json).
+PARTIALS = os.environ.get("DSV4LAB_PARTIALS", "bfloat16")
+if PARTIALS not in ("float32", "bfloat16"):
+    raise ValueError(f"DSV4LAB_PARTIALS must be 'float32' or 'bfloat16', got {PARTIALS!r}")
+
+
+def partials_dtype() -> torch.dtype:
+    """PARTIALS on the GPU; fp32 in the interpreter, whose fp32->bf16 casts truncate
+    (twice the GPU's rounding error, see common.out_dtype)."""
+    return torch.float32 if is_interpret() else getattr(torch, PARTIALS)
+
+
 def workspace(B, H, nsplit, device, partials=torch.float32):
     """Partials (o [B,H,NSPLIT,512] in ``partials``, lse [B,H,NSPLIT] fp32) and the fused
     merge's arrival counters (int32 [B*H], zero; each launch leaves them zero), allocated
@@ -153,12 +169,12 @@ def workspace(B, H, nsplit, device, partials=torch.float32):
 
 
 def sparse_decode_split(q, cache, indices, *, topk_len, sm_scale, attn_sink, nsplit, cfg, merge=None,
-                        partials=torch.float32):
+                        partials=None):
     """The head-batched kernel body on ``nsplit`` slices of each top-k row, then the merge.
     With nsplit == 1 the kernel writes the answer directly (no workspace, no combine).
     ``merge``: "fused" (the last slice of each row merges, one launch) or "launch" (a
     second, combine kernel); default MERGE (env DSV4LAB_MERGE). ``partials``: the dtype
-    of the partial outputs (fp32; bf16 halves their bytes for one more rounding)."""
+    of the partial outputs, default partials_dtype() (bf16 halves fp32's bytes for one more rounding)."""
     B, H, D = q.shape
     q = q.contiguous()
     indices = indices.contiguous()
@@ -167,7 +183,7 @@ def sparse_decode_split(q, cache, indices, *, topk_len, sm_scale, attn_sink, nsp
     if nsplit == 1:
         head_batched.launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, cfg=cfg)
         return finish(out), lse
-    o_part, lse_part, counters = workspace(B, H, nsplit, q.device, partials)
+    o_part, lse_part, counters = workspace(B, H, nsplit, q.device, partials or partials_dtype())
     if common._POISON[0]:
         o_part.fill_(float("nan"))
         lse_part.fill_(float("nan"))
