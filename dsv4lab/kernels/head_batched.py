@@ -204,9 +204,9 @@ class TileConfig:
 #: of the NSPLIT sweep: time = fixed_us + tiles per program x us_per_tile (+ merge).
 TILE_TABLE = {
     ("9.0", "mma"): TileConfig(64, 128, 8, 1, "H200 sweep, data/runs/h200/tiles.json (fastest at B=128)",
-                               prefetch=0, us_per_tile=9.984, fixed_us=9.25, merge_us=3.36),
+                               prefetch=4, us_per_tile=10.816, fixed_us=5.79, merge_us=3.94),
     ("9.0", "split"): TileConfig(16, 64, 8, 1, "H200 sweep, data/runs/h200/split.json (fastest at B=1)",
-                                 prefetch=2, us_per_tile=3.742, fixed_us=7.83, merge_us=1.98),
+                                 prefetch=2, us_per_tile=3.579, fixed_us=9.35, merge_us=0.48),
     ("12.0", "mma"): TileConfig(64, 16, 8, 1, "paper estimate for RTX PRO 6000 (sm_120): not measured"),
     ("12.0", "split"): TileConfig(64, 16, 8, 1, "paper estimate for RTX PRO 6000 (sm_120): not measured"),
     ("interpret", "mma"): TileConfig(16, 16, 4, 1, "interpreter: small tiles keep numpy fast"),
