@@ -51,7 +51,7 @@ def main(argv=None):
     pd_.set_defaults(fn=_bench_decode)
     pr = sub.add_parser("record", help="the full recorded GPU run (checks, decode, tiles, split)")
     pr.add_argument("--out", required=True)
-    pr.add_argument("--only", nargs="+", choices=["checks", "decode", "tiles", "split"])
+    pr.add_argument("--only", nargs="+", choices=["checks", "decode", "tiles", "split", "indexer"])
     pr.set_defaults(fn=lambda a: __import__("dsv4lab.record", fromlist=["main"]).main(a.out, a.only))
     args = p.parse_args(argv)
     args.fn(args)

@@ -126,7 +126,7 @@ def check_indexer_args(q, index_cache, weights, seq_lens, page_table, max_seq_le
         raise TypeError(f"index_cache must be a dsv4lab.cache.IndexKCache (from pack_index_k), "
                         f"got {type(index_cache).__name__}")
     dev = index_cache.device
-    _tensor("q", q, dim=3, dtypes=_FLOATS, device=dev)
+    _tensor("q", q, dim=3, dtypes=_FLOATS + (torch.float8_e4m3fn,), device=dev)
     B, Hi, D = q.shape
     if D != INDEX_DIM:
         raise ValueError(f"q must have shape [B, H_i, {INDEX_DIM}], got {list(q.shape)}")

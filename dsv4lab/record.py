@@ -1,7 +1,7 @@
 """The recorded GPU run: one command that checks, times and sweeps every stage
 and writes JSON (device, versions and date inside) for data/runs/.
 
-    python -m dsv4lab record --out data/runs/h200 [--only checks decode tiles split]
+    python -m dsv4lab record --out data/runs/h200 [--only checks decode tiles split indexer]
 
 Each part is written as soon as it is done, so a run cut short keeps what it had.
 """
@@ -18,7 +18,8 @@ import triton
 from . import api, bench
 from .device import ceilings, mode
 from .kernels import head_batched, split_k
-from .testing import LSE_TOL, OUT_TOL, VS_SIMT_TOL, check_decode, make_decode_inputs, poisoned
+from .testing import (INDEXER_BF16_TOL, INDEXER_TOL, LSE_TOL, OUT_TOL, VS_SIMT_TOL, check_decode, check_indexer,
+                      make_decode_inputs, make_indexer_inputs, poisoned)
 
 DECODE_IMPLS = ["simt", "sglang", "mma", "splitk", "auto"]
 BATCHES = [1, 2, 4, 8, 16, 32, 64, 128]
@@ -222,7 +223,65 @@ def _cfg(row, source):
                                    row.get("prefetch", 0), us_per_tile=per)
 
 
-PARTS = {"tiles": run_tiles, "split": run_split, "decode": run_decode, "checks": run_checks}
+INDEXER_IMPLS = ["torch_fp32", "torch_bf16", "sglang", "triton"]
+#: the story's setting: 32 requests with 8192 live tokens each, a max context of 262208
+INDEXER_MAX_LENS = [8192, 32768, 131072, 262208]
+INDEXER_BATCHES = [1, 8, 32, 64]
+
+
+def run_indexer(impls=INDEXER_IMPLS, H=64, live=8192, B=32, max_lens=INDEXER_MAX_LENS,
+                batches=INDEXER_BATCHES, topk=512) -> list[dict]:
+    """Stages 4-5. Checks: every impl against the float64 reference (logits, top-512 recall) on
+    random lengths, and the Triton indexer's graph replay bitwise against eager. Timings
+    (graph replay and eager, without the API's checks): ``live`` tokens per request at each max context,
+    and at the largest one over B; plus the top-k after the Triton logits."""
+    from .kernels import indexer_gemm
+    rows = []
+    chk = make_indexer_inputs(6, H, 4096, seed=11)
+    for impl in impls:
+        try:
+            err, recall = check_indexer(impl, chk, topk)
+            tol = INDEXER_TOL if impl in ("triton", "torch_fp32") else INDEXER_BF16_TOL
+            rows.append(dict(kind="check", impl=impl, logits_err=err, topk_recall=recall, tol=tol, ok=err <= tol))
+        except Exception as e:
+            rows.append(dict(kind="check", impl=impl, ok=False, error=repr(e)[:300]))
+        _log("indexer", rows[-1])
+    big = make_indexer_inputs(8, H, max(max_lens), seq_lens=live, seed=12)
+    fn = lambda: api.indexer_logits(*big.args(), max_seq_len=big.max_seq_len, impl="triton")  # noqa: E731
+    eager = fn()
+    g, res = bench.capture(fn)
+    g.replay()
+    torch.cuda.synchronize()
+    rows.append(dict(kind="check", impl="triton", case="graph_replay_bitwise", ok=bool(torch.equal(res, eager))))
+    _log("indexer", rows[-1])
+    del g, res, eager, big
+    ceil = ceilings()
+    shapes = [(B, L) for L in max_lens] + [(b, max(max_lens)) for b in batches if b != B]
+    for b, L in shapes:
+        inp = make_indexer_inputs(b, H, L, seq_lens=live, seed=13)
+        read = b * live * 132 + inp.q.numel() * inp.q.element_size() + b * H * 4
+        for impl in [i for i in impls if b == B or i in ("torch_bf16", "triton")]:
+            fn = api._IMPLS["indexer_logits"][impl]
+            call = lambda: fn(*inp.args(), max_seq_len=L)  # noqa: E731
+            row = dict(kind="time", impl=impl, B=b, H=H, live=live, max_seq_len=L, live_bytes=read, out_bytes=b * L * 4,
+                       floor_us=(read + b * L * 4) / (ceil.copy_tb_s * 1e12) * 1e6)
+            try:
+                row["graph_us"] = bench.time_ms(call, graph=True) * 1e3
+                row["eager_us"] = bench.time_ms(call) * 1e3
+            except Exception as e:
+                row["error"] = repr(e)[:300]
+            rows.append(row)
+            _log("indexer", {k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()})
+        logits = api._IMPLS["indexer_logits"]["triton"](*inp.args(), max_seq_len=L)
+        rows.append(dict(kind="time", impl="topk (torch.topk on the logits)", B=b, H=H, live=live, max_seq_len=L,
+                         graph_us=bench.time_ms(lambda: indexer_gemm.topk_from_logits(logits, topk), graph=True) * 1e3))
+        _log("indexer", rows[-1])
+        del inp, logits
+        torch.cuda.empty_cache()
+    return rows
+
+
+PARTS = {"tiles": run_tiles, "split": run_split, "decode": run_decode, "checks": run_checks, "indexer": run_indexer}
 
 
 def main(out_dir: str, only=None):

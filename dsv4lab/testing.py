@@ -8,6 +8,12 @@ NaN anywhere in ``out`` never passes. Tolerances (why):
   (a dropped token or a wrong scale costs >= 1e-2 at these sizes).
 * lse <= 1e-3 on finite entries: lse is accumulated in fp32.
 * mma vs simt <= 6.7e-3: the story's published bound between the two kernels.
+* indexer logits <= 1e-4 (Triton, torch fp32): q (bf16 or fp8) and the fp8 keys are exact
+  in bf16 and their products exact in fp32; only the fp32 summation order differs (~1e-7).
+* indexer logits <= 5e-3 (torch bf16, SGLang's path): its bmm rounds every score to bf16
+  (2^-9 rms), and the signed head weights cancel in the sum, which magnifies it: 1.4e-3 to
+  2.1e-3 measured over 12 seeds. Top-k: the share of the reference's positions found
+  (recall; >= 0.997 measured for the bf16 path, 1.0 for the exact ones).
 """
 from __future__ import annotations
 
@@ -16,12 +22,14 @@ from dataclasses import dataclass
 
 import torch
 
-from .cache import pack_kv
+from .cache import INDEX_PAGE, pack_index_k, pack_kv
 from .device import torch_device
 
 OUT_TOL = 5e-3
 LSE_TOL = 1e-3
 VS_SIMT_TOL = 6.7e-3
+INDEXER_TOL = 1e-4
+INDEXER_BF16_TOL = 5e-3
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -101,3 +109,68 @@ def check_decode(impl: str, inp: DecodeInputs, *, against: str = "reference"):
     else:
         ro, rl = api.sparse_decode(inp.q, inp.cache, inp.indices, impl=against, **inp.kwargs())
     return rel_err(out.float(), ro.float()), rel_err(lse, rl)
+
+
+@dataclass
+class IndexerInputs:
+    q: torch.Tensor
+    cache: object
+    weights: torch.Tensor
+    seq_lens: torch.Tensor
+    page_table: torch.Tensor
+    max_seq_len: int
+
+    def args(self):
+        return self.q, self.cache, self.weights, self.seq_lens, self.page_table
+
+
+def make_indexer_inputs(B, H, max_seq_len, *, seq_lens=None, seed=None, device=None,
+                        q_dtype=torch.bfloat16) -> IndexerInputs:
+    """Random indexer inputs: ``seq_lens`` (a list, one int for every row, or None: random in
+    [0, max_seq_len]) live tokens per request, whose pages are distinct physical pages of one
+    shared fp8 cache in random order; page-table entries past a request's live pages are -1
+    (never read). The page table has ceil(max_seq_len / 64) columns."""
+    device = device or torch_device()
+    g = torch.Generator(device="cpu")
+    g.manual_seed(torch.seed() if seed is None else seed)
+    if seq_lens is None:
+        lens = torch.randint(0, max_seq_len + 1, (B,), generator=g)
+    else:
+        lens = torch.as_tensor([seq_lens] * B if isinstance(seq_lens, int) else seq_lens)
+    ps = INDEX_PAGE
+    live = (lens + ps - 1) // ps
+    total = max(1, int(live.sum()))
+    cache = pack_index_k((torch.randn(total * ps, 128, generator=g)).to(device))
+    order = torch.randperm(total, generator=g)
+    table = torch.full((B, -(-max_seq_len // ps)), -1, dtype=torch.int32)
+    start = 0
+    for b in range(B):
+        n = int(live[b])
+        table[b, :n] = order[start:start + n].int()
+        start += n
+    q = torch.randn(B, H, 128, generator=g).to(q_dtype)
+    w = torch.randn(B, H, generator=g) * H ** -0.5
+    return IndexerInputs(q.to(device), cache, w.to(device), lens.int().to(device), table.to(device), max_seq_len)
+
+
+def topk_recall(top: torch.Tensor, ref: torch.Tensor) -> float:
+    """Share of the reference top-k positions (not -1) that ``top`` found, over all rows; 1.0
+    when the reference has none. -1 padding must match in count, or the recall is 0."""
+    found = want = 0
+    for a, r in zip(top.tolist(), ref.tolist()):
+        rs = {v for v in r if v >= 0}
+        if sum(v >= 0 for v in a) != len(rs):
+            return 0.0
+        found += len(rs & set(a))
+        want += len(rs)
+    return found / want if want else 1.0
+
+
+def check_indexer(impl: str, inp: IndexerInputs, topk: int = 512):
+    """Run ``impl`` on poisoned outputs: (logits rel. error, top-k recall) against the float64 reference."""
+    from . import api, reference
+    with poisoned():
+        logits = api.indexer_logits(*inp.args(), max_seq_len=inp.max_seq_len, impl=impl)
+        top = api.indexer_topk(*inp.args(), max_seq_len=inp.max_seq_len, topk=topk, impl=impl)
+    ref = reference.indexer_logits(*inp.args(), inp.max_seq_len)
+    return rel_err(logits, ref), topk_recall(top, reference.topk_indices(ref, topk))

@@ -3,3 +3,5 @@ from . import sglang_peer  # noqa: F401
 from . import simt  # noqa: F401
 from . import head_batched  # noqa: F401
 from . import split_k  # noqa: F401
+from . import indexer_gemm  # noqa: F401
+from . import indexer  # noqa: F401

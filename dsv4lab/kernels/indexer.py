@@ -1,0 +1,99 @@
+"""Stage 5, a CUDA-graph-safe Triton indexer that pays for the live context, not the maximum.
+
+Stage 4's torch path (indexer_gemm.py) gathers, dequantizes and multiplies
+ceil(max_seq_len / 64) pages of every request on every decode step. Here the grid is
+fixed by shapes only, (B, NPROG) with NPROG from the SM count, so one captured graph
+serves every step; each program reads its request's ``seq_len`` on the device and walks
+only the *live* pages p = pid, pid + NPROG, ... < ceil(seq_len / 64):
+
+    k8 [64 tokens, 128] fp8 -> bf16 (exact), s = k8 @ q^T  (tl.dot, [64, H])
+    logits = k_scale * sum_h w[h] * relu(s[:, h])      (the scale is > 0: it factors out)
+
+Positions past ``seq_len`` get -inf: inside the last live page by a mask, beyond it by a
+fill loop that stores -inf and reads nothing. Reads and FLOPs follow the live length;
+only those 4-byte stores follow the maximum.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..api import register
+from ..cache import INDEX_DIM, IndexKCache
+from ..device import info, is_interpret
+from .common import alloc, dot_dtype
+from .indexer_gemm import topk_from_logits
+
+#: positions one program sets to -inf per store in the dead region
+FILL = 1024
+#: programs per SM the grid aims at (small CTAs: 4 warps, one page of 64 tokens at a time)
+PROGRAMS_PER_SM = 8
+
+
+@triton.jit
+def _indexer_kernel(Q, W, KV_FP8, KV_F32, SEQ, PT, OUT, max_seq_len,
+                    stride_qb, stride_qh, stride_wb, stride_pb, stride_ob,
+                    H: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+                    FILL: tl.constexpr, DOT: tl.constexpr):
+    b = tl.program_id(0)
+    pid = tl.program_id(1)
+    nprog = tl.num_programs(1)
+    seq = tl.minimum(tl.load(SEQ + b), max_seq_len)
+    live_pages = (seq + PAGE - 1) // PAGE
+    h = tl.arange(0, HP)
+    d = tl.arange(0, D)
+    t = tl.arange(0, PAGE)
+    q = tl.load(Q + b * stride_qb + h[:, None] * stride_qh + d[None, :], mask=h[:, None] < H, other=0.0).to(DOT)
+    w = tl.load(W + b * stride_wb + h, mask=h < H, other=0.0).to(tl.float32)
+    row = OUT + b * stride_ob
+    for p in range(pid, live_pages, nprog):                # live pages only: the early exit
+        page = tl.load(PT + b * stride_pb + p).to(tl.int64)
+        base = page * (PAGE * (D + 4))                     # bytes: [64 x 128 fp8 | 64 fp32 scales]
+        k = tl.load(KV_FP8 + base + t[:, None] * D + d[None, :]).to(DOT)
+        k_scale = tl.load(KV_F32 + (base + PAGE * D) // 4 + t)
+        s = tl.maximum(tl.dot(k, tl.trans(q)), 0.0)        # [PAGE, HP]; padded heads have w = 0
+        logit = tl.sum(s * w[None, :], axis=1) * k_scale
+        pos = p * PAGE + t
+        tl.store(row + pos, tl.where(pos < seq, logit, float("-inf")), mask=pos < max_seq_len)
+    f = tl.arange(0, FILL)
+    for s0 in range(live_pages * PAGE + pid * FILL, max_seq_len, nprog * FILL):
+        tl.store(row + s0 + f, float("-inf"), mask=s0 + f < max_seq_len)
+
+
+def grid(B: int, max_seq_len: int, page_size: int = 64) -> tuple[int, int]:
+    """(B, NPROG): about PROGRAMS_PER_SM programs per SM in all, at most one per page of the
+    maximum context. Shapes only: the same launch for every step of a captured graph."""
+    max_pages = -(-max_seq_len // page_size)
+    sms = 2 if is_interpret() else info().sm_count
+    return B, max(1, min(max_pages, -(-PROGRAMS_PER_SM * sms // B)))
+
+
+def logits_triton(q, index_cache: IndexKCache, weights, seq_lens, page_table, max_seq_len: int, *, nprog=None):
+    B, H, D = q.shape
+    if H > 128:
+        raise ValueError(f"the Triton indexer holds all heads in one tile: q may have at most 128 heads, got {H}")
+    out = alloc((B, max_seq_len), torch.float32, q.device)
+    raw = index_cache.kv.reshape(-1)
+    g = grid(B, max_seq_len, index_cache.page_size)
+    if nprog is not None:
+        g = (B, nprog)
+    _indexer_kernel[g](
+        q, weights, raw.view(torch.float8_e4m3fn), raw.view(torch.float32), seq_lens, page_table, out, max_seq_len,
+        q.stride(0), q.stride(1), weights.stride(0), page_table.stride(0), out.stride(0),
+        H=H, HP=max(16, triton.next_power_of_2(H)), D=D, PAGE=index_cache.page_size, FILL=FILL, DOT=dot_dtype(),
+        num_warps=4)
+    return out
+
+
+@register("indexer_logits", "triton")
+def _logits(q, index_cache, weights, seq_lens, page_table, *, max_seq_len):
+    return logits_triton(q.contiguous(), index_cache, weights.contiguous(), seq_lens, page_table.contiguous(), max_seq_len)
+
+
+@register("indexer_topk", "triton")
+def _topk(q, index_cache, weights, seq_lens, page_table, *, max_seq_len, topk):
+    return topk_from_logits(_logits(q, index_cache, weights, seq_lens, page_table, max_seq_len=max_seq_len), topk)
+
+
+assert INDEX_DIM == 128

@@ -1,0 +1,77 @@
+"""The indexer stages (4: the torch GEMM paths, 5: the Triton indexer) against the float64 reference."""
+import pytest
+import torch
+
+import dsv4lab
+from dsv4lab import reference
+from dsv4lab.testing import (INDEXER_BF16_TOL, INDEXER_TOL, check_indexer, make_indexer_inputs, poisoned,
+                             rel_err, topk_recall)
+
+EXACT = ["triton", "torch_fp32"]
+ROUNDED = ["torch_bf16", "sglang"]        # the bmm in bf16: SGLang's path and the lab's copy of it
+
+
+def _impls():
+    try:
+        from dsv4lab.kernels import indexer_gemm
+        indexer_gemm.sglang_indexer_file()
+        return EXACT + ROUNDED
+    except ImportError:
+        return EXACT + ["torch_bf16"]
+
+
+@pytest.mark.parametrize("impl", _impls())
+@pytest.mark.parametrize("case", [
+    dict(B=4, H=64, max_seq_len=300, seq_lens=[0, 1, 64, 300]),        # empty row, one token, one full page, max
+    dict(B=3, H=4, max_seq_len=129, seq_lens=[65, 128, 129]),           # page boundaries; max not a multiple of 64
+    dict(B=1, H=64, max_seq_len=64, seq_lens=[40]),                     # one page, B=1
+    dict(B=2, H=64, max_seq_len=1000, seq_lens=None),                   # random lengths, many dead pages
+])
+def test_indexer_against_reference(impl, case):
+    inp = make_indexer_inputs(case["B"], case["H"], case["max_seq_len"], seq_lens=case["seq_lens"], seed=7)
+    err, recall = check_indexer(impl, inp, topk=64)
+    tol = INDEXER_TOL if impl in EXACT else INDEXER_BF16_TOL
+    assert err <= tol, (impl, err)
+    assert recall >= (1.0 if impl in EXACT else 0.99), (impl, recall)
+
+
+def test_logits_are_minus_inf_exactly_past_each_seq_len():
+    inp = make_indexer_inputs(3, 16, 200, seq_lens=[0, 70, 200], seed=3)
+    with poisoned():                                          # every position must be written
+        out = dsv4lab.indexer_logits(*inp.args(), max_seq_len=200, impl="triton")
+    for b, n in enumerate([0, 70, 200]):
+        assert torch.isfinite(out[b, :n]).all() and torch.isneginf(out[b, n:]).all()
+
+
+@pytest.mark.parametrize("nprog", [1, 2, 7])
+def test_any_grid_gives_the_same_logits(nprog):
+    # the grid is fixed per shape (graph-safe): one program walking every live page, or more
+    # programs than live pages, must give the same answer
+    from dsv4lab.kernels import indexer
+    inp = make_indexer_inputs(2, 8, 400, seq_lens=[130, 5], seed=4)
+    ref = reference.indexer_logits(*inp.args(), 400)
+    with poisoned():
+        out = indexer.logits_triton(*inp.args(), 400, nprog=nprog)
+    assert rel_err(out, ref) <= INDEXER_TOL
+
+
+def test_fp8_query_and_the_topk_padding():
+    # the model's indexer query is fp8 (SGLang's q_fp8): exact in bf16, so the same bound
+    inp = make_indexer_inputs(2, 64, 100, seq_lens=[30, 100], seed=5, q_dtype=torch.float8_e4m3fn)
+    err, recall = check_indexer("triton", inp, topk=64)
+    assert err <= INDEXER_TOL and recall == 1.0
+    top = dsv4lab.indexer_topk(*inp.args(), max_seq_len=100, topk=64, impl="triton")
+    assert (top[0, 30:] == -1).all() and (top[0, :30] >= 0).all() and (top[1] >= 0).all()
+
+
+def test_topk_recall_can_fail():
+    ref = torch.tensor([[3, 1, -1]])
+    assert topk_recall(torch.tensor([[1, 3, -1]]), ref) == 1.0
+    assert topk_recall(torch.tensor([[1, 2, -1]]), ref) == 0.5
+    assert topk_recall(torch.tensor([[1, 2, 0]]), ref) == 0.0        # found a position where none exists
+
+
+def test_triton_indexer_refuses_too_many_heads():
+    inp = make_indexer_inputs(1, 129, 64, seq_lens=[10], seed=6)
+    with pytest.raises(ValueError, match="at most 128 heads"):
+        dsv4lab.indexer_logits(*inp.args(), max_seq_len=64, impl="triton")
