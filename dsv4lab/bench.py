@@ -111,6 +111,28 @@ def decode_row(impl, inp, *, graph=True, eager=True, baseline_us=None, **kw) -> 
     return row
 
 
+def indexer_row(impl, inp, *, graph=True, eager=True) -> dict:
+    """Time one indexer_logits impl on one input set (testing.IndexerInputs) through its registered
+    function (no API checks, so no host sync), with the bytes the live context needs (keys once,
+    q, weights) and writes (the [B, max_seq_len] fp32 logits), and the floor they imply."""
+    from .cache import INDEX_TOKEN_BYTES
+    api._load_kernels()
+    fn = api._IMPLS["indexer_logits"][impl]
+    B, H, _ = inp.q.shape
+    L = inp.max_seq_len
+    read = int(inp.seq_lens.sum()) * INDEX_TOKEN_BYTES + inp.q.numel() * inp.q.element_size() + B * H * 4
+    row = dict(impl=impl, B=B, H=H, live=int(inp.seq_lens.max()), max_seq_len=L, live_bytes=read, out_bytes=B * L * 4)
+    c = ceilings()
+    if c.copy_tb_s:
+        row["floor_us"] = (read + B * L * 4) / (c.copy_tb_s * 1e12) * 1e6
+    call = lambda: fn(*inp.args(), max_seq_len=L)  # noqa: E731
+    if graph:
+        row["graph_us"] = time_ms(call, graph=True) * 1e3
+    if eager:
+        row["eager_us"] = time_ms(call) * 1e3
+    return row
+
+
 def decode_table(impls, batches, *, H=64, K=512, context=8192, page_size=64, baseline=None,
                  graph=True, log=None) -> list[dict]:
     """Time ``impls`` at each batch size on the campaign's inputs (request b owns ``context``

@@ -164,7 +164,7 @@ def ceilings() -> Ceilings:
 #: story's node, from its public limits; nothing here was measured by the lab.
 KNOWN_DEVICES = {
     "NVIDIA H200": dict(sm_count=132, capability="9.0", smem_per_block=232_448,
-                        hbm_tb_s_datasheet=4.8, bf16_tflops_datasheet=989),
+                        hbm_tb_s_datasheet=4.8, bf16_tflops_datasheet=989, fp32_tflops_datasheet=67),
     "NVIDIA RTX PRO 6000 Blackwell": dict(sm_count=188, capability="12.0", smem_per_block=101_376,
                                           hbm_tb_s_datasheet=1.8, bf16_tflops_datasheet=None,
                                           note="the story's node (sm_120, GDDR7); not measured here"),

@@ -255,21 +255,14 @@ def run_indexer(impls=INDEXER_IMPLS, H=64, live=8192, B=32, max_lens=INDEXER_MAX
     rows.append(dict(kind="check", impl="triton", case="graph_replay_bitwise", ok=bool(torch.equal(res, eager))))
     _log("indexer", rows[-1])
     del g, res, eager, big
-    ceil = ceilings()
     shapes = [(B, L) for L in max_lens] + [(b, max(max_lens)) for b in batches if b != B]
     for b, L in shapes:
         inp = make_indexer_inputs(b, H, L, seq_lens=live, seed=13)
-        read = b * live * 132 + inp.q.numel() * inp.q.element_size() + b * H * 4
         for impl in [i for i in impls if b == B or i in ("torch_bf16", "triton")]:
-            fn = api._IMPLS["indexer_logits"][impl]
-            call = lambda: fn(*inp.args(), max_seq_len=L)  # noqa: E731
-            row = dict(kind="time", impl=impl, B=b, H=H, live=live, max_seq_len=L, live_bytes=read, out_bytes=b * L * 4,
-                       floor_us=(read + b * L * 4) / (ceil.copy_tb_s * 1e12) * 1e6)
             try:
-                row["graph_us"] = bench.time_ms(call, graph=True) * 1e3
-                row["eager_us"] = bench.time_ms(call) * 1e3
+                row = dict(kind="time", **bench.indexer_row(impl, inp))
             except Exception as e:
-                row["error"] = repr(e)[:300]
+                row = dict(kind="time", impl=impl, B=b, max_seq_len=L, error=repr(e)[:300])
             rows.append(row)
             _log("indexer", {k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()})
         logits = api._IMPLS["indexer_logits"]["triton"](*inp.args(), max_seq_len=L)

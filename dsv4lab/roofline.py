@@ -38,6 +38,27 @@ def indexer_flops(B, seq_len, Hi=64, Di=128) -> int:
     return B * seq_len * Hi * (2 * Di + 3)
 
 
+def indexer_torch_steps(B, max_seq_len, Hi=64, Di=128, gemm_bytes=2, page=64) -> list[dict]:
+    """Stage 4's torch fallback, kernel by kernel, over the max context (every page of
+    ceil(max_seq_len / 64), live or not): bytes read and written and FLOPs of each step as
+    SGLang runs them (indexer_gemm.logits_torch). ``gemm_bytes``: 2 for the bf16 bmm, 4 for fp32."""
+    L = -(-max_seq_len // page) * page
+    t, g = B * L, gemm_bytes
+    steps = [
+        ("gather pages (page_table -> [B, pages, 64*132])", t * (Di + 4), t * (Di + 4), 0),
+        ("values .contiguous()", t * Di, t * Di, 0),
+        ("fp8 -> gemm dtype", t * Di, t * Di * g, 0),
+        ("scales .contiguous()", t * 4, t * 4, 0),
+        ("bmm  k @ q^T -> [B, L, H]", t * Di * g, t * Hi * g, 2 * t * Hi * Di),
+        ("relu", t * Hi * g, t * Hi * g, t * Hi),
+        ("* weights (-> fp32)", t * Hi * g, t * Hi * 4, t * Hi),
+        ("sum over heads", t * Hi * 4, t * 4, t * Hi),
+        ("* k_scale", 2 * t * 4, t * 4, t),
+        ("-inf fill + copy + mask", 2 * t * 4, 3 * t * 4, 0),
+    ]
+    return [dict(step=n, read=r, written=w, flops=f) for n, r, w, f in steps]
+
+
 def floor_us(nbytes, flops, copy_tb_s, tflops) -> dict:
     t_mem = nbytes / (copy_tb_s * 1e12) * 1e6
     t_math = flops / (tflops * 1e12) * 1e6
