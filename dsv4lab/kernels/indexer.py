@@ -29,6 +29,8 @@ from .indexer_gemm import topk_from_logits
 FILL = 1024
 #: programs per SM the grid aims at (small CTAs: 4 warps, one page of 64 tokens at a time)
 PROGRAMS_PER_SM = 8
+#: Triton's software pipelining depth for the page loop (3 is Triton's default)
+NUM_STAGES = 3
 
 
 @triton.jit
@@ -69,7 +71,8 @@ def grid(B: int, max_seq_len: int, page_size: int = 64) -> tuple[int, int]:
     return B, max(1, min(max_pages, -(-PROGRAMS_PER_SM * sms // B)))
 
 
-def logits_triton(q, index_cache: IndexKCache, weights, seq_lens, page_table, max_seq_len: int, *, nprog=None):
+def logits_triton(q, index_cache: IndexKCache, weights, seq_lens, page_table, max_seq_len: int, *, nprog=None,
+                  num_stages=NUM_STAGES):
     B, H, D = q.shape
     if H > 128:
         raise ValueError(f"the Triton indexer holds all heads in one tile: q may have at most 128 heads, got {H}")
@@ -82,7 +85,7 @@ def logits_triton(q, index_cache: IndexKCache, weights, seq_lens, page_table, ma
         q, weights, raw.view(torch.float8_e4m3fn), raw.view(torch.float32), seq_lens, page_table, out, max_seq_len,
         q.stride(0), q.stride(1), weights.stride(0), page_table.stride(0), out.stride(0),
         H=H, HP=max(16, triton.next_power_of_2(H)), D=D, PAGE=index_cache.page_size, FILL=FILL, DOT=dot_dtype(),
-        num_warps=4)
+        num_warps=4, num_stages=num_stages)
     return out
 
 
