@@ -43,15 +43,16 @@ def test_logits_are_minus_inf_exactly_past_each_seq_len():
         assert torch.isfinite(out[b, :n]).all() and torch.isneginf(out[b, n:]).all()
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("nprog", [1, 2, 7])
-def test_any_grid_gives_the_same_logits(nprog):
+def test_any_grid_gives_the_same_logits(nprog, prefetch):
     # the grid is fixed per shape (graph-safe): one program walking every live page, or more
     # programs than live pages, must give the same answer
     from dsv4lab.kernels import indexer
     inp = make_indexer_inputs(2, 8, 400, seq_lens=[130, 5], seed=4)
     ref = reference.indexer_logits(*inp.args(), 400)
     with poisoned():
-        out = indexer.logits_triton(*inp.args(), 400, nprog=nprog)
+        out = indexer.logits_triton(*inp.args(), 400, nprog=nprog, prefetch=prefetch)
     assert rel_err(out, ref) <= INDEXER_TOL
 
 

@@ -31,13 +31,15 @@ FILL = 1024
 PROGRAMS_PER_SM = 8
 #: Triton's software pipelining depth for the page loop (3 is Triton's default)
 NUM_STAGES = 3
+#: the register pipeline over pages (the kernel's PREFETCH)
+PREFETCH = False
 
 
 @triton.jit
-def _indexer_kernel(Q, W, KV_FP8, KV_F32, SEQ, PT, OUT, max_seq_len,
+def _indexer_kernel(Q, W, KV_U8, KV_F32, SEQ, PT, OUT, max_seq_len,
                     stride_qb, stride_qh, stride_wb, stride_pb, stride_ob,
                     H: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-                    FILL: tl.constexpr, DOT: tl.constexpr):
+                    FILL: tl.constexpr, DOT: tl.constexpr, PREFETCH: tl.constexpr = False):
     b = tl.program_id(0)
     pid = tl.program_id(1)
     nprog = tl.num_programs(1)
@@ -49,15 +51,39 @@ def _indexer_kernel(Q, W, KV_FP8, KV_F32, SEQ, PT, OUT, max_seq_len,
     q = tl.load(Q + b * stride_qb + h[:, None] * stride_qh + d[None, :], mask=h[:, None] < H, other=0.0).to(DOT)
     w = tl.load(W + b * stride_wb + h, mask=h < H, other=0.0).to(tl.float32)
     row = OUT + b * stride_ob
-    for p in range(pid, live_pages, nprog):                # live pages only: the early exit
-        page = tl.load(PT + b * stride_pb + p).to(tl.int64)
-        base = page * (PAGE * (D + 4))                     # bytes: [64 x 128 fp8 | 64 fp32 scales]
-        k = tl.load(KV_FP8 + base + t[:, None] * D + d[None, :]).to(DOT)
-        k_scale = tl.load(KV_F32 + (base + PAGE * D) // 4 + t)
-        s = tl.maximum(tl.dot(k, tl.trans(q)), 0.0)        # [PAGE, HP]; padded heads have w = 0
-        logit = tl.sum(s * w[None, :], axis=1) * k_scale
-        pos = p * PAGE + t
-        tl.store(row + pos, tl.where(pos < seq, logit, float("-inf")), mask=pos < max_seq_len)
+    PAGE_BYTES: tl.constexpr = PAGE * (D + 4)              # [64 x 128 fp8 | 64 fp32 scales]
+    pt = PT + b * stride_pb
+    if PREFETCH:
+        # Software pipeline in registers: the next page's keys (16 registers a thread) and the
+        # page id after it are loaded before this page's dot, so a page waits on neither the
+        # page-table load nor the dependent key load that follows it.
+        last = tl.maximum(live_pages - 1, 0)               # clamped page-table reads stay in the row
+        id_next = tl.load(pt + tl.minimum(pid + nprog, last)).to(tl.int64)
+        page = tl.load(pt + tl.minimum(pid, last)).to(tl.int64)
+        live = (t * 0 + pid) < live_pages                  # a [PAGE] mask: the interpreter wants tensors
+        k_next = tl.load(KV_U8 + page * PAGE_BYTES + t[:, None] * D + d[None, :], mask=live[:, None], other=0)
+        sc_next = tl.load(KV_F32 + (page * PAGE_BYTES + PAGE * D) // 4 + t, mask=live, other=0.0)
+        for p in range(pid, live_pages, nprog):
+            k = k_next.to(tl.float8e4nv, bitcast=True).to(DOT)
+            k_scale = sc_next
+            pn = p + nprog
+            live = (t * 0 + pn) < live_pages
+            k_next = tl.load(KV_U8 + id_next * PAGE_BYTES + t[:, None] * D + d[None, :], mask=live[:, None], other=0)
+            sc_next = tl.load(KV_F32 + (id_next * PAGE_BYTES + PAGE * D) // 4 + t, mask=live, other=0.0)
+            id_next = tl.load(pt + tl.minimum(pn + nprog, last)).to(tl.int64)
+            s = tl.maximum(tl.dot(k, tl.trans(q)), 0.0)
+            logit = tl.sum(s * w[None, :], axis=1) * k_scale
+            pos = p * PAGE + t
+            tl.store(row + pos, tl.where(pos < seq, logit, float("-inf")), mask=pos < max_seq_len)
+    else:
+        for p in range(pid, live_pages, nprog):            # live pages only: the early exit
+            base = tl.load(pt + p).to(tl.int64) * PAGE_BYTES
+            k = tl.load(KV_U8 + base + t[:, None] * D + d[None, :]).to(tl.float8e4nv, bitcast=True).to(DOT)
+            k_scale = tl.load(KV_F32 + (base + PAGE * D) // 4 + t)
+            s = tl.maximum(tl.dot(k, tl.trans(q)), 0.0)    # [PAGE, HP]; padded heads have w = 0
+            logit = tl.sum(s * w[None, :], axis=1) * k_scale
+            pos = p * PAGE + t
+            tl.store(row + pos, tl.where(pos < seq, logit, float("-inf")), mask=pos < max_seq_len)
     f = tl.arange(0, FILL)
     for s0 in range(live_pages * PAGE + pid * FILL, max_seq_len, nprog * FILL):
         tl.store(row + s0 + f, float("-inf"), mask=s0 + f < max_seq_len)
@@ -72,7 +98,7 @@ def grid(B: int, max_seq_len: int, page_size: int = 64) -> tuple[int, int]:
 
 
 def logits_triton(q, index_cache: IndexKCache, weights, seq_lens, page_table, max_seq_len: int, *, nprog=None,
-                  num_stages=NUM_STAGES):
+                  num_stages=NUM_STAGES, prefetch=PREFETCH):
     B, H, D = q.shape
     if H > 128:
         raise ValueError(f"the Triton indexer holds all heads in one tile: q may have at most 128 heads, got {H}")
@@ -82,9 +108,10 @@ def logits_triton(q, index_cache: IndexKCache, weights, seq_lens, page_table, ma
     if nprog is not None:
         g = (B, nprog)
     _indexer_kernel[g](
-        q, weights, raw.view(torch.float8_e4m3fn), raw.view(torch.float32), seq_lens, page_table, out, max_seq_len,
+        q, weights, raw, raw.view(torch.float32), seq_lens, page_table, out, max_seq_len,
         q.stride(0), q.stride(1), weights.stride(0), page_table.stride(0), out.stride(0),
         H=H, HP=max(16, triton.next_power_of_2(H)), D=D, PAGE=index_cache.page_size, FILL=FILL, DOT=dot_dtype(),
+        PREFETCH=prefetch,
         num_warps=4, num_stages=num_stages)
     return out
 
