@@ -8,6 +8,7 @@ because they would need a host sync; shapes, dtypes and devices are always check
 """
 from __future__ import annotations
 
+import numbers
 from typing import Callable
 
 import torch
@@ -133,7 +134,7 @@ def check_indexer_args(q, index_cache, weights, seq_lens, page_table, max_seq_le
     _tensor("weights", weights, dim=2, dtypes=_FLOATS, device=dev, shape=(B, Hi))
     _tensor("seq_lens", seq_lens, dim=1, dtypes=(torch.int32,), device=dev, shape=(B,))
     _tensor("page_table", page_table, dim=2, dtypes=(torch.int32,), device=dev, shape=(B, None))
-    if not isinstance(max_seq_len, int) or max_seq_len < 1:
+    if not isinstance(max_seq_len, numbers.Integral) or isinstance(max_seq_len, bool) or max_seq_len < 1:
         raise ValueError(f"max_seq_len must be a positive int, got {max_seq_len!r}")
     ps = index_cache.page_size
     if page_table.shape[1] * ps < max_seq_len:
@@ -157,7 +158,7 @@ def indexer_logits(q, index_cache, weights, seq_lens, page_table, *, max_seq_len
     """Lightning-indexer logits float32 [B, max_seq_len] (-inf past each seq_len)."""
     fn = _pick("indexer_logits", impl)
     check_indexer_args(q, index_cache, weights, seq_lens, page_table, max_seq_len)
-    return fn(q, index_cache, weights, seq_lens, page_table, max_seq_len=max_seq_len)
+    return fn(q, index_cache, weights, seq_lens, page_table, max_seq_len=int(max_seq_len))
 
 
 @register("indexer_logits", "reference")
@@ -170,9 +171,9 @@ def indexer_topk(q, index_cache, weights, seq_lens, page_table, *, max_seq_len: 
     """Top-k token positions int32 [B, topk] of the indexer logits, -1 padded."""
     fn = _pick("indexer_topk", impl)
     check_indexer_args(q, index_cache, weights, seq_lens, page_table, max_seq_len)
-    if not isinstance(topk, int) or topk < 1:
+    if not isinstance(topk, numbers.Integral) or isinstance(topk, bool) or topk < 1:
         raise ValueError(f"topk must be a positive int, got {topk!r}")
-    return fn(q, index_cache, weights, seq_lens, page_table, max_seq_len=max_seq_len, topk=topk)
+    return fn(q, index_cache, weights, seq_lens, page_table, max_seq_len=int(max_seq_len), topk=int(topk))
 
 
 @register("indexer_topk", "reference")

@@ -153,15 +153,21 @@ def make_indexer_inputs(B, H, max_seq_len, *, seq_lens=None, seed=None, device=N
     return IndexerInputs(q.to(device), cache, w.to(device), lens.int().to(device), table.to(device), max_seq_len)
 
 
-def topk_recall(top: torch.Tensor, ref: torch.Tensor) -> float:
+def topk_recall(top: torch.Tensor, ref: torch.Tensor, ref_logits: torch.Tensor | None = None) -> float:
     """Share of the reference top-k positions (not -1) that ``top`` found, over all rows; 1.0
-    when the reference has none. -1 padding must match in count, or the recall is 0."""
+    when the reference has none. -1 padding must match in count, or the recall is 0. With
+    ``ref_logits``, ties count: a position of ``top`` whose reference logit equals the k-th
+    largest is as good as the one the reference's tie-break kept."""
     found = want = 0
-    for a, r in zip(top.tolist(), ref.tolist()):
+    for b, (a, r) in enumerate(zip(top.tolist(), ref.tolist())):
         rs = {v for v in r if v >= 0}
         if sum(v >= 0 for v in a) != len(rs):
             return 0.0
-        found += len(rs & set(a))
+        hit = rs & set(a)
+        if ref_logits is not None and rs:
+            kth = min(float(ref_logits[b, v]) for v in rs)
+            hit = {v for v in a if v >= 0 and float(ref_logits[b, v]) >= kth}
+        found += min(len(hit), len(rs))
         want += len(rs)
     return found / want if want else 1.0
 
@@ -173,4 +179,4 @@ def check_indexer(impl: str, inp: IndexerInputs, topk: int = 512):
         logits = api.indexer_logits(*inp.args(), max_seq_len=inp.max_seq_len, impl=impl)
         top = api.indexer_topk(*inp.args(), max_seq_len=inp.max_seq_len, topk=topk, impl=impl)
     ref = reference.indexer_logits(*inp.args(), inp.max_seq_len)
-    return rel_err(logits, ref), topk_recall(top, reference.topk_indices(ref, topk))
+    return rel_err(logits, ref), topk_recall(top, reference.topk_indices(ref, topk), ref)

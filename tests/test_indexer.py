@@ -26,6 +26,7 @@ def _impls():
     dict(B=3, H=4, max_seq_len=129, seq_lens=[65, 128, 129]),           # page boundaries; max not a multiple of 64
     dict(B=1, H=64, max_seq_len=64, seq_lens=[40]),                     # one page, B=1
     dict(B=2, H=64, max_seq_len=1000, seq_lens=None),                   # random lengths, many dead pages
+    dict(B=2, H=24, max_seq_len=150, seq_lens=[150, 3]),                # heads padded to a power of two
 ])
 def test_indexer_against_reference(impl, case):
     inp = make_indexer_inputs(case["B"], case["H"], case["max_seq_len"], seq_lens=case["seq_lens"], seed=7)
@@ -63,6 +64,39 @@ def test_fp8_query_and_the_topk_padding():
     assert err <= INDEXER_TOL and recall == 1.0
     top = dsv4lab.indexer_topk(*inp.args(), max_seq_len=100, topk=64, impl="triton")
     assert (top[0, 30:] == -1).all() and (top[0, :30] >= 0).all() and (top[1] >= 0).all()
+
+
+def test_strided_and_numpy_arguments():
+    # a seq_lens view with a stride, and a numpy integer for max_seq_len, are what a caller may hold
+    import numpy as np
+    inp = make_indexer_inputs(3, 16, 200, seq_lens=[10, 150, 70], seed=8)
+    wide = torch.zeros(3, 2, dtype=torch.int32, device=inp.seq_lens.device)
+    wide[:, 0] = inp.seq_lens
+    ref = reference.indexer_logits(*inp.args(), 200)
+    out = dsv4lab.indexer_logits(inp.q, inp.cache, inp.weights, wide[:, 0], inp.page_table,
+                                 max_seq_len=np.int64(200), impl="triton")
+    assert rel_err(out, ref) <= INDEXER_TOL
+
+
+def test_triton_indexer_refuses_what_it_would_round():
+    # fp32 / fp16 q would be rounded to bf16 for the tensor cores on a GPU: refused, not silently rounded
+    from dsv4lab.kernels import indexer
+    inp = make_indexer_inputs(1, 16, 64, seq_lens=[10], seed=6, q_dtype=torch.float32)
+    with pytest.raises(TypeError, match="bfloat16 or float8_e4m3fn"):
+        dsv4lab.indexer_logits(*inp.args(), max_seq_len=64, impl="triton")
+    assert rel_err(dsv4lab.indexer_logits(*inp.args(), max_seq_len=64, impl="torch_fp32"),
+                   reference.indexer_logits(*inp.args(), 64)) <= INDEXER_TOL
+    inp = make_indexer_inputs(1, 16, 64, seq_lens=[10], seed=6)
+    with pytest.raises(ValueError, match="nprog must be >= 1"):
+        indexer.logits_triton(*inp.args(), 64, nprog=0)
+
+
+def test_topk_recall_counts_ties():
+    logits = torch.tensor([[5.0, 1.0, 1.0, float("-inf")]])
+    ref = torch.tensor([[0, 1]])                                   # the reference kept position 1 of the tie
+    assert topk_recall(torch.tensor([[0, 2]]), ref, logits) == 1.0
+    assert topk_recall(torch.tensor([[0, 2]]), ref) == 0.5     # without the logits, a tie looks like a miss
+    assert topk_recall(torch.tensor([[0, 3]]), ref, logits) == 0.5
 
 
 def test_topk_recall_can_fail():

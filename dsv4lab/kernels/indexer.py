@@ -40,10 +40,10 @@ def _indexer_kernel(Q, W, KV_U8, KV_F32, SEQ, PT, OUT, max_seq_len,
                     stride_qb, stride_qh, stride_wb, stride_pb, stride_ob,
                     H: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                     FILL: tl.constexpr, DOT: tl.constexpr, PREFETCH: tl.constexpr = False):
-    b = tl.program_id(0)
+    b = tl.program_id(0).to(tl.int64)                      # b * stride_ob passes 2^31 at B x 1M context
     pid = tl.program_id(1)
     nprog = tl.num_programs(1)
-    seq = tl.minimum(tl.load(SEQ + b), max_seq_len)
+    seq = tl.maximum(tl.minimum(tl.load(SEQ + b), max_seq_len), 0)   # range checks are off under capture
     live_pages = (seq + PAGE - 1) // PAGE
     h = tl.arange(0, HP)
     d = tl.arange(0, D)
@@ -98,10 +98,15 @@ def grid(B: int, max_seq_len: int, page_size: int = 64) -> tuple[int, int]:
 
 
 def logits_triton(q, index_cache: IndexKCache, weights, seq_lens, page_table, max_seq_len: int, *, nprog=None,
-                  num_stages=NUM_STAGES, prefetch=PREFETCH):
+                  num_stages=NUM_STAGES, prefetch=None):
     B, H, D = q.shape
     if H > 128:
         raise ValueError(f"the Triton indexer holds all heads in one tile: q may have at most 128 heads, got {H}")
+    if q.dtype not in (torch.bfloat16, torch.float8_e4m3fn):
+        raise TypeError(f"impl='triton' takes q in bfloat16 or float8_e4m3fn (the model's; exact on the tensor "
+                        f"cores), got {q.dtype}: cast it (q.to(torch.bfloat16) rounds it) or use impl='torch_fp32'")
+    if nprog is not None and nprog < 1:
+        raise ValueError(f"nprog must be >= 1, got {nprog}")
     out = alloc((B, max_seq_len), torch.float32, q.device)
     raw = index_cache.kv.reshape(-1)
     g = grid(B, max_seq_len, index_cache.page_size)
@@ -111,14 +116,15 @@ def logits_triton(q, index_cache: IndexKCache, weights, seq_lens, page_table, ma
         q, weights, raw, raw.view(torch.float32), seq_lens, page_table, out, max_seq_len,
         q.stride(0), q.stride(1), weights.stride(0), page_table.stride(0), out.stride(0),
         H=H, HP=max(16, triton.next_power_of_2(H)), D=D, PAGE=index_cache.page_size, FILL=FILL, DOT=dot_dtype(),
-        PREFETCH=prefetch,
+        PREFETCH=PREFETCH if prefetch is None else prefetch,
         num_warps=4, num_stages=num_stages)
     return out
 
 
 @register("indexer_logits", "triton")
 def _logits(q, index_cache, weights, seq_lens, page_table, *, max_seq_len):
-    return logits_triton(q.contiguous(), index_cache, weights.contiguous(), seq_lens, page_table.contiguous(), max_seq_len)
+    return logits_triton(q.contiguous(), index_cache, weights.contiguous(), seq_lens.contiguous(), page_table.contiguous(),
+                         max_seq_len)
 
 
 @register("indexer_topk", "triton")

@@ -5,14 +5,16 @@ top-k (DSV4_FACTS.md):
 
     logits[b, t] = k_scale[t] * sum_h w[b, h] * relu(q[b, h] . k8[t]),  t < seq_len[b]; -inf beyond
 
-SGLang's fallback (``fp8_paged_mqa_logits_torch_sm120`` in dsv4/indexer.py) is vectorized
-so that it captures in a CUDA graph: it gathers ``page_table[:, :ceil(max_seq_len / 64)]``,
+SGLang's fallback for sm_120, the story's node (``fp8_paged_mqa_logits_torch_sm120`` in
+dsv4/indexer.py; on other GPUs SGLang calls DeepGEMM's kernel, or ``fp8_paged_mqa_logits_torch``,
+which writes 0 rather than -inf past seq_len), is vectorized so that it captures in a CUDA graph: it gathers ``page_table[:, :ceil(max_seq_len / 64)]``,
 dequantizes all of it to bf16 [B, max_pages * 64, 128], runs one ``torch.bmm`` with q, then
 relu, the head weights, the sum over heads, the scale and the mask as separate kernels.
 Every step pays for the *maximum* context, whatever the live one. The story's first
 version forced that bmm to fp32 (a SIMT GEMM: 17% of its profile); the fix ran it in bf16
 on tensor cores. Both are here (``gemm_dtype``), and SGLang's own function, read from its
-wheel, as ``impl="sglang"``. Stage 5 (indexer.py) removes the max-context cost.
+wheel, as ``impl="sglang"`` (SGLang also splits batches above 1024 rows into chunks; the lab's
+copy does not). Stage 5 (indexer.py) removes the max-context cost.
 """
 from __future__ import annotations
 
