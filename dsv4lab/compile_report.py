@@ -75,8 +75,9 @@ def report(kernel, arch=90) -> dict:
 
 
 def head_batched_report(block_h, block_n, num_warps, num_stages, prefetch=0, *, split=False, arch=90,
-                        lazy_rescale=False, maxnreg=None, merge_nsplit=0) -> dict:
-    """``merge_nsplit`` > 0: the split-K launch with its fused merge (fp32 partials)."""
+                        lazy_rescale=False, maxnreg=None, merge_nsplit=0, partials="bf16") -> dict:
+    """``merge_nsplit`` > 0: the split-K launch with its fused merge, ``partials`` "bf16" (the GPU
+    default) or "fp32"."""
     from .kernels.common import merge_chunk
     from .kernels.head_batched import _head_batched_kernel
     c = dict(PAGE_SIZE=64, PAGE_BYTES=37440, HAS_TOPK_LEN=False, HAS_SINK=False, SPLIT=split or merge_nsplit > 0,
@@ -86,13 +87,14 @@ def head_batched_report(block_h, block_n, num_warps, num_stages, prefetch=0, *, 
     if merge_nsplit:
         p2 = triton.next_power_of_2(merge_nsplit)
         c.update(MERGE=True, SPLIT_P2=p2, DCHUNK=merge_chunk(block_h, p2, num_warps, per_thread=64))
-        types = {"O": "*fp32", "CNT": "*i32", "O_FINAL": "*bf16", "LSE_FINAL": "*fp32"}
+        types = {"O": f"*{partials}", "CNT": "*i32", "O_FINAL": "*bf16", "LSE_FINAL": "*fp32"}
     else:
         c.update(CNT=None, O_FINAL=None, LSE_FINAL=None)
     k = compile_kernel(_head_batched_kernel, c, num_warps=num_warps, num_stages=num_stages, arch=arch,
                        maxnreg=maxnreg, ptr_types=types)
     return {"maxnreg": maxnreg, "block_h": block_h, "block_n": block_n, "num_warps": num_warps, "num_stages": num_stages,
-            "prefetch": prefetch, "lazy_rescale": lazy_rescale, "merge_nsplit": merge_nsplit, "arch": arch,
+            "prefetch": prefetch, "lazy_rescale": lazy_rescale, "merge_nsplit": merge_nsplit,
+            "partials": partials if merge_nsplit else None, "arch": arch,
             "triton": triton.__version__,
             **report(k, arch)}
 

@@ -118,21 +118,28 @@ def test_every_loop_of_the_head_batched_kernel(prefetch, nsplit, merge):
     assert rel_err(out.float(), ro) <= OUT_TOL
     assert rel_err(lse, rl) <= LSE_TOL
     if merge == "fused":    # the fused merge leaves its arrival counters at zero for the next call / graph replay
-        assert not split_k.workspace(3, 16, nsplit, inp.q.device)[2].any()
+        assert not split_k.workspace(3, 16, nsplit, inp.q.device, split_k.partials_dtype())[2].any()
+
+
+def _only_workspace(split_k):
+    """The one workspace key a call created (the cache starts empty): its partials dtype."""
+    (key,) = split_k._WORKSPACE
+    return key[-1]
 
 
 @pytest.mark.parametrize("merge", ["fused", "launch"])
-def test_bf16_partials(merge):
+def test_bf16_partials(merge, monkeypatch):
     # split-K with bf16 partial outputs (half the workspace bytes): one more rounding, same bound
     from dsv4lab import reference
     from dsv4lab.kernels import head_batched, split_k
     inp = make_decode_inputs(2, 16, 70, context=300, pad_frac=0.2, topk_len=True, sink=True)
     cfg = head_batched.TileConfig(16, 16, 4, 1, "test", prefetch=2)
     ro, rl = reference.sparse_decode(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5, **inp.kwargs())
+    monkeypatch.setattr(split_k, "_WORKSPACE", {})
     with poisoned():
         out, lse = split_k.sparse_decode_split(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5, nsplit=3,
                                                cfg=cfg, merge=merge, partials=torch.bfloat16, **inp.kwargs())
-    assert split_k.workspace(2, 16, 3, inp.q.device, torch.bfloat16)[0].dtype == torch.bfloat16
+    assert _only_workspace(split_k) == torch.bfloat16
     assert rel_err(out.float(), ro) <= OUT_TOL
     assert rel_err(lse, rl) <= LSE_TOL
 
@@ -167,7 +174,7 @@ def test_combine_warps_keep_a_slice_row_in_one_thread_group():
         assert w * 32 * (16 // dt.itemsize) == 512, (dt, w)
 
 
-def test_partials_default_is_fp32_in_the_interpreter():
+def test_partials_default_is_fp32_in_the_interpreter(monkeypatch):
     # the interpreter truncates fp32->bf16 casts, so its split-K keeps fp32 partials
     from dsv4lab.device import is_interpret
     from dsv4lab.kernels import split_k
@@ -177,6 +184,7 @@ def test_partials_default_is_fp32_in_the_interpreter():
         assert split_k.partials_dtype() == torch.float32
     inp = make_decode_inputs(1, 16, 40, context=100)
     cfg = split_k.head_batched.TileConfig(16, 16, 4, 1, "test")
+    monkeypatch.setattr(split_k, "_WORKSPACE", {})
     split_k.sparse_decode_split(inp.q, inp.cache, inp.indices, topk_len=None, sm_scale=512**-0.5, attn_sink=None,
                                 nsplit=2, cfg=cfg)
-    assert split_k.workspace(1, 16, 2, inp.q.device, split_k.partials_dtype())[0].dtype == split_k.partials_dtype()
+    assert _only_workspace(split_k) == split_k.partials_dtype()

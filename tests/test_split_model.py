@@ -2,9 +2,13 @@
 grid is too small for the chip and the stage-2 launch where it is full."""
 import pytest
 
+import torch
+
 from dsv4lab.kernels import head_batched, split_k
 
-H200 = dict(mma_cfg=head_batched.TILE_TABLE[("9.0", "mma")], split_cfg=head_batched.TILE_TABLE[("9.0", "split")])
+# the H200's tiles and the partials its recorded runs wrote: the model as the GPU sees it, in any mode
+H200 = dict(mma_cfg=head_batched.TILE_TABLE[("9.0", "mma")], split_cfg=head_batched.TILE_TABLE[("9.0", "split")],
+            partials=torch.bfloat16)
 
 
 def best(B, H=64, K=512, sms=132):
@@ -51,11 +55,14 @@ def test_stage2_tiles_fill_the_chip_then_batch_heads():
     assert t == pytest.approx(c.fixed_us + 2 * per_program * c.us_per_tile)
 
 
-def test_merge_cost_grows_with_partials():
-    # the same programs and tiles per program, 4x the fp32 partials: the model must charge it
-    one, = [p for p in split_k.plans(1, 64, 512, sms=1024, **H200) if p.nsplit == 4 and p.cfg.block_h == 64]
-    four, = [p for p in split_k.plans(4, 64, 512, sms=1024, **H200) if p.nsplit == 4 and p.cfg.block_h == 64]
-    assert four.model_us - one.model_us == pytest.approx(split_k.PARTIAL_US_PER_MB * 3 * 64 * 4 * 512 * 4 / 1e6)
+@pytest.mark.parametrize("partials", [torch.float32, torch.bfloat16])
+def test_merge_cost_grows_with_partials(partials):
+    # the same programs and tiles per program, 4x the partials: the model must charge their bytes
+    kw = dict(H200, partials=partials)
+    one, = [p for p in split_k.plans(1, 64, 512, sms=1024, **kw) if p.nsplit == 4 and p.cfg.block_h == 64]
+    four, = [p for p in split_k.plans(4, 64, 512, sms=1024, **kw) if p.nsplit == 4 and p.cfg.block_h == 64]
+    assert four.model_us - one.model_us == pytest.approx(
+        split_k.PARTIAL_US_PER_MB * 3 * 64 * 4 * 512 * partials.itemsize / 1e6)
 
 
 def test_pdl_is_never_asked_of_the_interpreter(monkeypatch):

@@ -86,7 +86,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 16, 32, 64])
-    ap.add_argument("--partials", nargs="+", default=["float32"], choices=["float32", "bfloat16"])
+    ap.add_argument("--partials", nargs="+", default=[split_k.PARTIALS], choices=["float32", "bfloat16"])
     ap.add_argument("--shapes", nargs="+", default=[f"{h},{w}" for h, w in SHAPES], help="HEADS,WARPS of the combine")
     a = ap.parse_args()
     main(a.out, a.batches, a.partials, [tuple(int(v) for v in s.split(",")) for s in a.shapes])

@@ -149,7 +149,7 @@ def merge_partials(O_PART, LSE_PART, SINK, O, LSE, b, heads, hmask, H, nsplit,
 
 
 def merge_chunk(heads: int, split_p2: int, num_warps: int, d: int = 512, per_thread: int = 32) -> int:
-    """merge_partials' column chunk: a program holds heads x SPLIT_P2 x DCHUNK fp32 values at a
+    """merge_partials' column chunk: a program holds heads x SPLIT_P2 x DCHUNK partial values at a
     time, sized to ~per_thread a thread (at least 16 columns: more for 64 heads x 16 slices
     at 4 warps). All factors are powers of two, so the chunk is one too and divides D."""
     for name, v in (("heads", heads), ("split_p2", split_p2), ("num_warps", num_warps)):

@@ -10,7 +10,7 @@ split disappears in the gather, so both products are exactly 512 wide), then
 
 The KV bytes are read once per head block instead of once per head.
 The same kernel body serves stage 3 (split-K): with SPLIT it handles one slice
-of the top-k row and writes partials (fp32, or bf16) for the combine kernel in
+of the top-k row and writes partials (bf16 by default on the GPU, or fp32) for the combine kernel in
 split_k.py, or, with MERGE, the last slice of each row to finish merges them itself.
 """
 from __future__ import annotations

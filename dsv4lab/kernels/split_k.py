@@ -50,7 +50,8 @@ class Plan:
     model_us: float
 
 
-def plans(B: int, H: int, K: int, *, sms: int | None = None, mma_cfg=None, split_cfg=None) -> list[Plan]:
+def plans(B: int, H: int, K: int, *, sms: int | None = None, mma_cfg=None, split_cfg=None,
+          partials: torch.dtype | None = None) -> list[Plan]:
     """Every candidate launch, with its modeled time
 
         head_batched.model_us (fixed + waves x tiles per program x us per tile)
@@ -58,7 +59,9 @@ def plans(B: int, H: int, K: int, *, sms: int | None = None, mma_cfg=None, split
 
     over both tile entries of the table (64-head "mma", 16-head "split") and every
     NSPLIT that leaves no slice empty. Programs of one wave run side by side; the
-    per-tile and fixed figures are measured (TileConfig)."""
+    per-tile and fixed figures are measured (TileConfig). ``partials``: the dtype whose bytes
+    are charged (default partials_dtype(): what this process would launch)."""
+    nbytes = (partials or partials_dtype()).itemsize
     out = []
     cfgs = [mma_cfg or head_batched.tile_config(H), split_cfg or head_batched.tile_config(H, split=True)]
     for cfg in dict.fromkeys(cfgs):               # the two entries may be the same config
@@ -68,7 +71,7 @@ def plans(B: int, H: int, K: int, *, sms: int | None = None, mma_cfg=None, split
                 continue                              # would leave an empty trailing slice
             progs, waves, per, t = head_batched.model_us(cfg, B, H, K, n, sms)
             if n > 1:
-                t += cfg.merge_us + PARTIAL_US_PER_MB * B * H * n * 512 * partials_dtype().itemsize / 1e6
+                t += cfg.merge_us + PARTIAL_US_PER_MB * B * H * n * 512 * nbytes / 1e6
             out.append(Plan("split" if n > 1 else "mma", cfg, n, progs, waves, per, t))
     return out
 
@@ -104,7 +107,8 @@ def combine_warps(partials: torch.dtype) -> int:
     """Warps of the combine launch for partials of this dtype: COMBINE_WARPS for fp32, half for
     bf16. Triton loads 16 bytes a thread, so 4 warps cover a 512-wide fp32 row but two bf16
     rows; the sum over slices then crosses warps (shared memory and 9 barriers per program in
-    the SASS) instead of staying in each thread's registers. 2 warps keep bf16 in-thread."""
+    the SASS) instead of staying in each thread's registers. 2 warps keep bf16 in-thread (with a
+    column chunk of 512: combine() never takes less for one head a program)."""
     return max(1, COMBINE_WARPS * partials.itemsize // 4)
 
 
@@ -113,7 +117,10 @@ def combine(o_part, lse_part, attn_sink, out, lse, *, heads=None, num_warps=None
     heads = heads or COMBINE_HEADS
     num_warps = num_warps or combine_warps(o_part.dtype)
     split_p2 = triton.next_power_of_2(nsplit)
-    dchunk = merge_chunk(heads, split_p2, num_warps, D, per_thread=128 // o_part.element_size())
+    vec = 16 // o_part.element_size()              # elements a thread loads at once
+    # a slice's chunk spans every thread, so the sum over slices stays in registers (not shared memory)
+    dchunk = max(merge_chunk(heads, split_p2, num_warps, D, per_thread=128 // o_part.element_size()),
+                 min(D, 32 * num_warps * vec // heads))
     _combine_kernel[(B, triton.cdiv(H, heads))](
         o_part, lse_part, attn_sink if attn_sink is not None else lse, out, lse, H, nsplit,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), out.stride(0), out.stride(1),
