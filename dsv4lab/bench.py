@@ -143,6 +143,18 @@ def indexer_row(impl, inp, *, graph=True, eager=True) -> dict:
     return row
 
 
+def indexer_topk_row(inp, topk=512) -> dict:
+    """Time the top-k that follows the logits (torch.topk over the max-wide rows of the Triton
+    indexer's logits; graph replay): the same columns as indexer_row."""
+    from .kernels.indexer_gemm import topk_from_logits
+    api._load_kernels()
+    B, H, _ = inp.q.shape
+    L = inp.max_seq_len
+    logits = api._IMPLS["indexer_logits"]["triton"](*inp.args(), max_seq_len=L)
+    return dict(impl="topk (torch.topk on the logits)", B=B, H=H, live=int(inp.seq_lens.max()), max_seq_len=L,
+                graph_us=time_ms(lambda: topk_from_logits(logits, topk), graph=True) * 1e3)
+
+
 def decode_table(impls, batches, *, H=64, K=512, context=8192, page_size=64, baseline=None,
                  graph=True, log=None) -> list[dict]:
     """Time ``impls`` at each batch size on the campaign's inputs (request b owns ``context``

@@ -18,7 +18,7 @@ import triton
 from . import api, bench, reference
 from .device import ceilings, mode
 from .kernels import head_batched, split_k
-from .testing import (INDEXER_BF16_TOL, INDEXER_TOL, LSE_TOL, OUT_TOL, VS_SIMT_TOL, check_decode, check_indexer,
+from .testing import (INDEXER_TOL, LSE_TOL, OUT_TOL, VS_SIMT_TOL, check_decode, check_indexer, indexer_tol,
                       make_decode_inputs, make_indexer_inputs, poisoned, rel_err)
 
 DECODE_IMPLS = ["simt", "sglang", "mma", "splitk", "auto"]
@@ -99,7 +99,6 @@ def time_tiles(candidates, batches=(1, 8, 32, 128), H=64, K=512, context=8192) -
     """Each (BLOCK_H, BLOCK_N, warps, stages, prefetch, lazy) config of the head-batched
     kernel: checked against the float64 reference (poisoned outputs, topk_len, sink),
     then timed with graph replay at each B. One row per config; errors are rows."""
-    from .testing import rel_err
     rows = []
     inputs = {B: make_decode_inputs(B, H, K, context=context, seed=100 + B) for B in batches}
     chk = make_decode_inputs(4, H, K, context=1024, topk_len=True, sink=True, pad_frac=0.1, seed=5)
@@ -248,7 +247,7 @@ def run_indexer(impls=INDEXER_IMPLS, H=64, live=8192, B=32, max_lens=INDEXER_MAX
     for impl in impls:
         try:
             err, recall = check_indexer(impl, chk, topk)
-            tol = INDEXER_TOL if impl in ("triton", "torch_fp32") else INDEXER_BF16_TOL
+            tol = indexer_tol(impl)
             rows.append(dict(kind="check", impl=impl, logits_err=err, topk_recall=recall, tol=tol, ok=err <= tol))
         except Exception as e:
             rows.append(dict(kind="check", impl=impl, ok=False, error=repr(e)[:300]))
@@ -298,11 +297,9 @@ def run_indexer(impls=INDEXER_IMPLS, H=64, live=8192, B=32, max_lens=INDEXER_MAX
                 row = dict(kind="time", impl=impl, B=b, max_seq_len=L, error=repr(e)[:300])
             rows.append(row)
             _log("indexer", {k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()})
-        logits = api._IMPLS["indexer_logits"]["triton"](*inp.args(), max_seq_len=L)
-        rows.append(dict(kind="time", impl="topk (torch.topk on the logits)", B=b, H=H, live=live, max_seq_len=L,
-                         graph_us=bench.time_ms(lambda: indexer_gemm.topk_from_logits(logits, topk), graph=True) * 1e3))
+        rows.append(dict(kind="time", **bench.indexer_topk_row(inp, topk)))
         _log("indexer", rows[-1])
-        del inp, logits
+        del inp
         torch.cuda.empty_cache()
     return rows
 

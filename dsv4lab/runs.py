@@ -128,19 +128,18 @@ def measure_decode(impls, batches, shapes=None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def measure_indexer(impls, B=32, max_lens=(8192, 32768, 131072, 262208), live=8192, H=64, topk=512) -> pd.DataFrame:
+def measure_indexer(impls, B=32, max_lens=None, live=8192, H=64, topk=512) -> pd.DataFrame:
     """Time indexer ``impls`` live (GPU only) with the recorded table's columns (kind="time"):
-    ``live`` tokens per request at each max context, and torch.topk on the Triton logits."""
-    from . import api, bench
-    from .kernels.indexer_gemm import topk_from_logits
+    ``live`` tokens per request at each max context (default: the recorded run's), and
+    torch.topk on the Triton logits."""
+    from . import bench
+    from .record import INDEXER_MAX_LENS
     from .testing import make_indexer_inputs
     rows = []
-    for L in max_lens:
+    for L in max_lens or INDEXER_MAX_LENS:
         inp = make_indexer_inputs(B, H, L, seq_lens=live, seed=13)
         rows += [dict(kind="time", **bench.indexer_row(i, inp)) for i in impls]
-        logits = api._IMPLS["indexer_logits"]["triton"](*inp.args(), max_seq_len=L)
-        rows.append(dict(kind="time", impl="topk (torch.topk on the logits)", B=B, H=H, live=live, max_seq_len=L,
-                         graph_us=bench.time_ms(lambda: topk_from_logits(logits, topk), graph=True) * 1e3))
+        rows.append(dict(kind="time", **bench.indexer_topk_row(inp, topk)))
     return pd.DataFrame(rows)
 
 

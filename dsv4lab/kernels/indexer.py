@@ -37,6 +37,15 @@ PREFETCH = True
 
 
 @triton.jit
+def _score_page(k, k_scale, q, w, row, p, t, seq, max_seq_len, PAGE: tl.constexpr):
+    """Logits of one page: k [PAGE, D] (dot dtype), stored at positions p*PAGE + t, -inf past seq."""
+    s = tl.maximum(tl.dot(k, tl.trans(q)), 0.0)            # [PAGE, HP]; padded heads have w = 0
+    logit = tl.sum(s * w[None, :], axis=1) * k_scale
+    pos = p * PAGE + t
+    tl.store(row + pos, tl.where(pos < seq, logit, float("-inf")), mask=pos < max_seq_len)
+
+
+@triton.jit
 def _indexer_kernel(Q, W, KV_U8, KV_F32, SEQ, PT, OUT, max_seq_len,
                     stride_qb, stride_qh, stride_wb, stride_pb, stride_ob,
                     H: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
@@ -72,19 +81,13 @@ def _indexer_kernel(Q, W, KV_U8, KV_F32, SEQ, PT, OUT, max_seq_len,
             k_next = tl.load(KV_U8 + id_next * PAGE_BYTES + t[:, None] * D + d[None, :], mask=live[:, None], other=0)
             sc_next = tl.load(KV_F32 + (id_next * PAGE_BYTES + PAGE * D) // 4 + t, mask=live, other=0.0)
             id_next = tl.load(pt + tl.minimum(pn + nprog, last)).to(tl.int64)
-            s = tl.maximum(tl.dot(k, tl.trans(q)), 0.0)
-            logit = tl.sum(s * w[None, :], axis=1) * k_scale
-            pos = p * PAGE + t
-            tl.store(row + pos, tl.where(pos < seq, logit, float("-inf")), mask=pos < max_seq_len)
+            _score_page(k, k_scale, q, w, row, p, t, seq, max_seq_len, PAGE)
     else:
         for p in range(pid, live_pages, nprog):            # live pages only: the early exit
             base = tl.load(pt + p).to(tl.int64) * PAGE_BYTES
             k = tl.load(KV_U8 + base + t[:, None] * D + d[None, :]).to(tl.float8e4nv, bitcast=True).to(DOT)
             k_scale = tl.load(KV_F32 + (base + PAGE * D) // 4 + t)
-            s = tl.maximum(tl.dot(k, tl.trans(q)), 0.0)    # [PAGE, HP]; padded heads have w = 0
-            logit = tl.sum(s * w[None, :], axis=1) * k_scale
-            pos = p * PAGE + t
-            tl.store(row + pos, tl.where(pos < seq, logit, float("-inf")), mask=pos < max_seq_len)
+            _score_page(k, k_scale, q, w, row, p, t, seq, max_seq_len, PAGE)
     f = tl.arange(0, FILL)
     for s0 in range(live_pages * PAGE + pid * FILL, max_seq_len, nprog * FILL):
         tl.store(row + s0 + f, float("-inf"), mask=s0 + f < max_seq_len)
