@@ -108,6 +108,8 @@ def quantize_nope(nope: torch.Tensor):
     x = nope.float().reshape(-1, NUM_SCALES, QUANT_TILE)
     amax = x.abs().amax(dim=-1).clamp_min(1e-8)
     exp = torch.ceil(torch.log2(amax / FP8_MAX))
+    if not bool(torch.isfinite(amax).all()):       # finite fp32 keeps the scale byte <= 247
+        raise ValueError("kv values must be finite (as float32)")
     q = (x / torch.exp2(exp)[..., None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return q.reshape(-1, NOPE_DIM), (exp + 127).to(torch.uint8)
 
@@ -131,6 +133,15 @@ def pack_kv(kv: torch.Tensor, page_size: int = 64) -> KVCache:
     buf[:, : page_size * DATA_BYTES] = data.view(num_pages, page_size * DATA_BYTES)
     buf[:, page_size * DATA_BYTES: page_size * TOKEN_BYTES] = sc.view(num_pages, page_size * SCALE_BYTES)
     return KVCache(buf, page_size, n)
+
+
+def scale_bytes(cache: KVCache, token_ids) -> torch.Tensor:
+    """The 7 UE8M0 scale bytes (uint8 [..., 7]) of ``token_ids`` (any shape)."""
+    ids = _check_token_ids(token_ids, cache.num_tokens).to(cache.device)
+    flat = ids.reshape(-1)
+    ps = cache.page_size
+    sc = cache.buffer[:, ps * DATA_BYTES: ps * TOKEN_BYTES].reshape(cache.num_pages, ps, SCALE_BYTES)
+    return sc[flat // ps, flat % ps][:, :NUM_SCALES].reshape(*ids.shape, NUM_SCALES)
 
 
 def dequant_kv(cache: KVCache, token_ids) -> torch.Tensor:

@@ -121,3 +121,21 @@ def test_sink_must_be_finite(inp):
     sink[1] = -math.inf
     with pytest.raises(ValueError, match="attn_sink must be finite"):
         dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, attn_sink=sink, impl="reference")
+
+
+def test_scale_byte_limit_names_the_byte(inp, monkeypatch):
+    """The "bits" dequant (GPU) needs scale bytes <= 134; an eager call over a token with a larger
+    one is refused with the byte, not answered wrongly. Forced here: the interpreter uses "cvt"."""
+    from dsv4lab.api import _IMPLS
+    from dsv4lab.kernels.common import MAX_SCALE_BYTE
+    for impl in ("mma", "splitk", "auto"):      # what dequant_bits() gives on the GPU
+        monkeypatch.setattr(_IMPLS["sparse_decode"][impl], "max_scale_byte", lambda: MAX_SCALE_BYTE)
+    dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl="mma")            # in range: runs
+    tok = int(inp.indices[inp.indices >= 0][0])
+    ps = inp.cache.page_size
+    inp.cache.buffer[tok // ps, ps * 576 + (tok % ps) * 8 + 3] = 135
+    for impl in ("mma", "splitk", "auto"):
+        with pytest.raises(ValueError, match="scale bytes of the indexed tokens must be <= 134.*got 135"):
+            dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl=impl)
+    dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl="simt")            # no such limit
+    dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl="mma", check_ranges=False)

@@ -106,3 +106,24 @@ def test_cache_errors(dev):
         C.dequant_kv(c, torch.tensor([0.0]))
     with pytest.raises(ValueError, match="page_size must be 64"):
         C.pack_index_k(torch.randn(4, 128, device=dev), 32)
+
+
+def test_quantizer_refuses_non_finite_values(dev):
+    kv = torch.randn(4, 512, device=dev, dtype=torch.float64)
+    for bad in (float("inf"), float("nan"), 1e300):          # 1e300: inf once quantized in fp32
+        kv[1, 5] = bad
+        with pytest.raises(ValueError, match="NaN or inf|must be finite"):
+            C.pack_kv(kv)
+
+
+def test_e4m3_bit_trick_model_is_exact_for_every_byte():
+    """kernels.common's fp8 -> bf16 integer dequant (its constants, through the numpy model):
+    every e4m3 byte but NaN, every scale byte up to MAX_SCALE_BYTE, equals e4m3 * 2^(e-127)."""
+    import numpy as np
+    from dsv4lab.kernels.common import MAX_SCALE_BYTE, e4m3_bits_to_bf16_model
+    x = np.array([b for b in range(256) if b & 0x7F != 0x7F], dtype=np.uint8)
+    want = torch.from_numpy(x).view(torch.float8_e4m3fn).double().numpy()
+    for e in range(0, MAX_SCALE_BYTE + 1):
+        got = e4m3_bits_to_bf16_model(x, np.full(x.shape, e, dtype=np.uint8)).astype(np.float64)
+        np.testing.assert_array_equal(got, want * 2.0 ** (e - 127), err_msg=f"scale byte {e}")
+    assert np.signbit(e4m3_bits_to_bf16_model(np.array([0x80], np.uint8), np.array([127], np.uint8)))[0]

@@ -81,8 +81,55 @@ def prefetch_kv_l2_bulk(kv_u8, tok, valid, PAGE_SIZE: tl.constexpr, PAGE_BYTES: 
                               "=r,l,l", [kv_u8 + data, kv_u8 + scl], dtype=tl.int32, is_pure=False, pack=1)
 
 
+#: fp8 e4m3 -> bf16 without conversion instructions (DEQUANT="bits"). Hopper runs F2FP, the
+#: conversion instruction, at a fraction of the arithmetic rate (Triton PR 4563 replaced it for
+#: s8 -> bf16 for the same reason). A byte permute puts two e4m3 bytes in the top bytes of two
+#: 16-bit lanes; masking off the sign and shifting right by 4 moves exponent and mantissa into
+#: bf16's low exponent bits and top mantissa bits, then the sign goes back: the lane now reads
+#: as the e4m3 value times 2^-120, subnormals included (they land on bf16 subnormals). One bf16x2
+#: multiply by 2^(e-7) (bf16 bits (e+120) << 7) applies the UE8M0 scale 2^(e-127) exactly.
+#: 5 integer/bf16x2 instructions per pair of values instead of 6 of which 2 are conversions.
+#: Needs e <= MAX_SCALE_BYTE (2^(e-7) must be a finite bf16): scale <= 2^7, amax <= 57344.
+#: e4m3 NaN bytes (0x7f/0xff) come out finite (not a value a quantizer writes).
+E4M3_SEL = (0x1404, 0x3424)           # prmt selectors: [x1 0 x0 0], [x3 0 x2 0]
+E4M3_BODY, E4M3_SIGN, E4M3_SHIFT = 0x7F007F00, 0x80008000, 4
+MAX_SCALE_BYTE = 254 - 120
+_E4M3_PAIR = ("prmt.b32 a, $2, 0, {sel}; and.b32 t, a, {body}; shr.b32 t, t, {shift}; "
+              "lop3.b32 t, t, a, {sign}, 0xF8; mul.rn.bf16x2 ${out}, t, ${sc};")
+E4M3_TO_BF16_ASM = "{ .reg .b32 a, t; " + " ".join(
+    _E4M3_PAIR.format(sel=hex(sel), body=hex(E4M3_BODY), shift=E4M3_SHIFT, sign=hex(E4M3_SIGN), out=i, sc=3 + i)
+    for i, sel in enumerate(E4M3_SEL)) + " }"
+_E4M3_ASM = tl.constexpr(E4M3_TO_BF16_ASM)      # what a @triton.jit function may read
+
+
+def e4m3_bits_to_bf16_model(x: "np.ndarray", e: "np.ndarray"):
+    """numpy model of E4M3_TO_BF16_ASM for one pair lane (same constants): uint8 e4m3 bytes x and
+    UE8M0 bytes e -> float32 values (what the bf16 lanes hold). Tests check it against
+    e4m3 * 2^(e-127) for every byte; the GPU checks run the assembly itself."""
+    import numpy as np
+    a = (x.astype(np.uint32) << 8)                                  # the byte in a lane's top byte
+    t = ((a & (E4M3_BODY & 0xFFFF)) >> E4M3_SHIFT) | (a & (E4M3_SIGN & 0xFFFF))
+    val = (t.astype(np.uint32) << 16).view(np.float32)              # bf16 bits -> float32
+    sc = ((e.astype(np.uint32) + 120) << 23).view(np.float32)       # bf16 2^(e-7), widened
+    return val * sc
+
+
 @triton.jit
-def dequant_kv(x, e, r, NOPE: tl.constexpr, D: tl.constexpr, OUT: tl.constexpr):
+def dequant_kv_bits(x, e, r, NOPE: tl.constexpr, D: tl.constexpr):
+    """dequant_kv for bf16 tiles on the GPU with integer ops (E4M3_TO_BF16_ASM): x may be
+    fp8 or uint8 (the same bytes)."""
+    G: tl.constexpr = D // 64
+    is_nope = tl.arange(0, G) < NOPE // 64
+    sc = ((e.to(tl.int32) + 120) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)     # 2^(e-7)
+    xb = x.to(tl.uint8, bitcast=True)
+    y = tl.inline_asm_elementwise(_E4M3_ASM, "=r,=r,r,r,r", [xb, tl.broadcast_to(sc[:, :, None], xb.shape)],
+                                  dtype=tl.bfloat16, is_pure=True, pack=4)
+    y = tl.where(is_nope[None, :, None], y, r[:, None, :])
+    return tl.reshape(y, (y.shape[0], D))
+
+
+@triton.jit
+def dequant_kv(x, e, r, NOPE: tl.constexpr, D: tl.constexpr, OUT: tl.constexpr, BITS: tl.constexpr = False):
     """Raw bytes from load_kv_raw -> OUT [BLOCK_N, D]: fp8 nope * 2^(e-127) | bf16 rope.
 
     OUT = bfloat16 is exact: an e4m3 value times a power of two fits bf16 (8 exponent
@@ -90,7 +137,10 @@ def dequant_kv(x, e, r, NOPE: tl.constexpr, D: tl.constexpr, OUT: tl.constexpr):
     its registers, which is what decides whether the head-batched kernel spills.
     e4m3 -> f16 is one instruction per pair; f16 -> f32 is full rate, and the UE8M0
     scale is applied in f32 before the single pack to bf16 (a direct e4m3 -> bf16 cast
-    goes through a quarter-rate f16 -> bf16 conversion per element)."""
+    goes through a quarter-rate f16 -> bf16 conversion per element). BITS (GPU, OUT = bf16):
+    dequant_kv_bits, the same values from integer ops."""
+    if BITS:
+        return dequant_kv_bits(x, e, r, NOPE, D)
     G: tl.constexpr = D // 64
     is_nope = tl.arange(0, G) < NOPE // 64
     y = (x.to(tl.float16).to(tl.float32) * tl.math.exp2(e.to(tl.float32) - 127.0)[:, :, None]).to(OUT)
@@ -100,13 +150,13 @@ def dequant_kv(x, e, r, NOPE: tl.constexpr, D: tl.constexpr, OUT: tl.constexpr):
 
 @triton.jit
 def gather_kv_tile(kv_fp8, kv_u8, kv_bf16, tok, valid, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr,
-                   NOPE: tl.constexpr, D: tl.constexpr, OUT: tl.constexpr):
+                   NOPE: tl.constexpr, D: tl.constexpr, OUT: tl.constexpr, BITS: tl.constexpr = False):
     """tok [BLOCK_N] int token ids (any value where ~valid) -> OUT [BLOCK_N, D]; invalid rows are 0.
 
     The tile is built as [BLOCK_N, 8, 64]: groups 0..6 are the fp8 nope groups times their
     UE8M0 scale, group 7 is the bf16 rope (see load_kv_raw and dequant_kv)."""
     x, e, r = load_kv_raw(kv_fp8, kv_u8, kv_bf16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D)
-    return dequant_kv(x, e, r, NOPE, D, OUT)
+    return dequant_kv(x, e, r, NOPE, D, OUT, BITS)
 
 
 @triton.jit

@@ -15,6 +15,7 @@ split_k.py, or, with MERGE, the last slice of each row to finish merges them its
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 
 import torch
@@ -23,16 +24,23 @@ import triton.language as tl
 
 from ..api import register
 from ..device import info, is_interpret
-from .common import (LOG2E, alloc, cache_views, dequant_kv, dot_dtype, finish, gather_kv_tile, load_kv_raw,
+from .common import (LOG2E, MAX_SCALE_BYTE, alloc, cache_views, dequant_kv, dot_dtype, finish, gather_kv_tile, load_kv_raw,
                      merge_chunk, merge_partials, out_dtype, prefetch_kv_l2, prefetch_kv_l2_bulk)
 
 
 @triton.jit
-def _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, LAZY_RESCALE: tl.constexpr):
-    """One tile of online softmax: S = q @ kv^T, rescale, acc += P @ kv (kv = K = V)."""
-    s = tl.dot(q, tl.trans(kv)) * qk_scale                      # [BLOCK_H, BLOCK_N], log2 units
-    s = tl.where(valid[None, :], s, float("-inf"))
-    m_tile = tl.max(s, axis=1)
+def _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, LAZY_RESCALE: tl.constexpr, FOLD_SCALE: tl.constexpr = False):
+    """One tile of online softmax: S = q @ kv^T, rescale, acc += P @ kv (kv = K = V).
+    FOLD_SCALE: the row max is taken on the unscaled S (qk_scale > 0) and the scale is applied
+    inside exp2's argument, s * qk_scale - m, one fused multiply-add instead of a multiply here
+    and a subtract there (the running max m_i is in scaled units either way)."""
+    if FOLD_SCALE:
+        s = tl.where(valid[None, :], tl.dot(q, tl.trans(kv)), float("-inf"))
+        m_tile = tl.max(s, axis=1) * qk_scale
+    else:
+        s = tl.dot(q, tl.trans(kv)) * qk_scale                      # [BLOCK_H, BLOCK_N], log2 units
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_tile = tl.max(s, axis=1)
     if LAZY_RESCALE:
         # FlashAttention-3's trick: keep a stale running max unless a row's max grows by
         # more than 2^8; p <= 256 stays exact enough in fp32 and the [BLOCK_H, 512]
@@ -50,7 +58,10 @@ def _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, LAZY_RESCALE: tl.constex
         l_i = l_i * alpha
         acc = acc * alpha[:, None]
         m_i = m_new
-    p = tl.math.exp2(s - m_i[:, None])
+    if FOLD_SCALE:
+        p = tl.math.exp2(s * qk_scale - m_i[:, None])
+    else:
+        p = tl.math.exp2(s - m_i[:, None])
     l_i = l_i + tl.sum(p, axis=1)
     acc = tl.dot(p.to(kv.dtype), kv, acc)          # accumulate in place: no second [BLOCK_H, 512]
     return m_i, l_i, acc
@@ -66,6 +77,7 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
                          D: tl.constexpr, NOPE: tl.constexpr, DOT: tl.constexpr,
                          LAZY_RESCALE: tl.constexpr = False, PREFETCH: tl.constexpr = 0,
                          LAUNCH_DEPENDENTS: tl.constexpr = False,
+                         DEQUANT_BITS: tl.constexpr = False, FOLD_SCALE: tl.constexpr = False,
                          CNT=None, O_FINAL=None, LSE_FINAL=None, stride_fb=0, stride_fh=0,
                          MERGE: tl.constexpr = False, SPLIT_P2: tl.constexpr = 1, DCHUNK: tl.constexpr = 64):
     if LAUNCH_DEPENDENTS:
@@ -99,14 +111,14 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
         tok = tl.load(row + lo + t, mask=lo + t < hi, other=-1)
         valid = (lo + t < hi) & (tok >= 0)
         x, e, r = load_kv_raw(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D)
-        kv = dequant_kv(x, e, r, NOPE, D, DOT)
+        kv = dequant_kv(x, e, r, NOPE, D, DOT, DEQUANT_BITS)
         tok_next = tl.load(row + lo + BLOCK_N + t, mask=lo + BLOCK_N + t < hi, other=-1)
         for start in range(lo, hi, BLOCK_N):
             valid_next = (start + BLOCK_N + t < hi) & (tok_next >= 0)
             x, e, r = load_kv_raw(KV_FP8, KV_U8, KV_BF16, tok_next, valid_next, PAGE_SIZE, PAGE_BYTES, NOPE, D)
             tok_next = tl.load(row + start + 2 * BLOCK_N + t, mask=start + 2 * BLOCK_N + t < hi, other=-1)
-            m_i, l_i, acc = _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, LAZY_RESCALE)
-            kv = dequant_kv(x, e, r, NOPE, D, DOT)
+            m_i, l_i, acc = _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, LAZY_RESCALE, FOLD_SCALE)
+            kv = dequant_kv(x, e, r, NOPE, D, DOT, DEQUANT_BITS)
             valid = valid_next
     elif PREFETCH == 1 or PREFETCH == 3:
         # Indices run two tiles ahead of the gather and the bytes of the next tile are
@@ -124,8 +136,8 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
             else:
                 prefetch_kv_l2(KV_U8, tok_next, tok_next >= 0, PAGE_SIZE, PAGE_BYTES)
             tok_next2 = tl.load(row + pos + 2 * BLOCK_N, mask=pos + 2 * BLOCK_N < hi, other=-1)
-            kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, DOT)
-            m_i, l_i, acc = _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, LAZY_RESCALE)
+            kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, DOT, DEQUANT_BITS)
+            m_i, l_i, acc = _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, LAZY_RESCALE, FOLD_SCALE)
     elif PREFETCH == 4:
         # Indices one tile ahead, nothing else: the next tile's index load (1 register a
         # thread) overlaps this tile's work, so each tile waits on one dependent load (the
@@ -136,8 +148,8 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
             tok = tok_next
             valid = (pos < hi) & (tok >= 0)
             tok_next = tl.load(row + pos + BLOCK_N, mask=pos + BLOCK_N < hi, other=-1)
-            kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, DOT)
-            m_i, l_i, acc = _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, LAZY_RESCALE)
+            kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, DOT, DEQUANT_BITS)
+            m_i, l_i, acc = _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, LAZY_RESCALE, FOLD_SCALE)
     else:
         # indices and bytes loaded in the iteration that uses them. With num_stages > 1
         # Triton 3.6 turns the gathers into cp.async copies, but issues them at the end of
@@ -146,8 +158,8 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
             pos = start + t
             tok = tl.load(row + pos, mask=pos < hi, other=-1)
             valid = (pos < hi) & (tok >= 0)
-            kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, DOT)
-            m_i, l_i, acc = _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, LAZY_RESCALE)
+            kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, DOT, DEQUANT_BITS)
+            m_i, l_i, acc = _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, LAZY_RESCALE, FOLD_SCALE)
     has = l_i > 0.0
     lse = tl.where(has, (m_i + tl.math.log2(tl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
     out = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -174,6 +186,20 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
                            stride_ob, stride_oh, stride_os, stride_fb, stride_fh,
                            HAS_SINK, SPLIT_P2, DCHUNK, D)
             tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+
+
+#: How a tile's fp8 bytes become bf16 on the GPU (env DSV4LAB_DEQUANT): "bits" (integer ops and
+#: one bf16x2 multiply, common.dequant_kv_bits) or "cvt" (the conversion instructions). The
+#: interpreter always takes "cvt" (no inline assembly there).
+DEQUANT = os.environ.get("DSV4LAB_DEQUANT", "bits")
+if DEQUANT not in ("bits", "cvt"):
+    raise ValueError(f"DSV4LAB_DEQUANT must be 'bits' or 'cvt', got {DEQUANT!r}")
+#: apply the softmax scale inside exp2's fused multiply-add (_attend_tile) (env DSV4LAB_FOLD_SCALE)
+FOLD_SCALE = os.environ.get("DSV4LAB_FOLD_SCALE", "1") == "1"
+
+
+def dequant_bits() -> bool:
+    return DEQUANT == "bits" and not is_interpret()
 
 
 @dataclass(frozen=True)
@@ -284,7 +310,8 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, *, nsplit
         HAS_TOPK_LEN=topk_len is not None, HAS_SINK=attn_sink is not None, SPLIT=split,
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, D=D, NOPE=448, DOT=dot_dtype(),
         LAZY_RESCALE=cfg.lazy_rescale, PREFETCH=0 if is_interpret() and cfg.prefetch in (1, 3) else cfg.prefetch,
-        LAUNCH_DEPENDENTS=pdl, **_merge_args(merge_into, B, H, nsplit, cfg),
+        LAUNCH_DEPENDENTS=pdl, DEQUANT_BITS=dequant_bits(), FOLD_SCALE=FOLD_SCALE,
+        **_merge_args(merge_into, B, H, nsplit, cfg),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
@@ -309,3 +336,12 @@ def sparse_decode_mma(q, cache, indices, *, topk_len, sm_scale, attn_sink, cfg=N
     lse = alloc((B, H), torch.float32, q.device)
     launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, cfg=cfg)
     return finish(out), lse
+
+
+def max_scale_byte():
+    """The largest UE8M0 scale byte this kernel reads correctly: common.MAX_SCALE_BYTE with the
+    "bits" dequant (2^(e-7) must be a finite bf16), any with "cvt"."""
+    return MAX_SCALE_BYTE if dequant_bits() else None
+
+
+sparse_decode_mma.max_scale_byte = max_scale_byte

@@ -224,9 +224,15 @@ def sparse_decode_splitk(q, cache, indices, *, topk_len, sm_scale, attn_sink):
                                attn_sink=attn_sink, nsplit=plan.nsplit, cfg=plan.cfg)
 
 
+sparse_decode_splitk.max_scale_byte = head_batched.max_scale_byte   # the same kernel body
+
+
 @register("sparse_decode", "auto")
 def sparse_decode_auto(q, cache, indices, *, topk_len, sm_scale, attn_sink):
     """The plan with the smallest modeled time (see plans()): either tile entry, NSPLIT >= 1."""
     plan = choose(q.shape[0], q.shape[1], indices.shape[1])
     return sparse_decode_split(q, cache, indices, topk_len=topk_len, sm_scale=sm_scale,
                                attn_sink=attn_sink, nsplit=plan.nsplit, cfg=plan.cfg)
+
+
+sparse_decode_auto.max_scale_byte = head_batched.max_scale_byte
