@@ -192,11 +192,13 @@ def decode_table(impls, batches, *, H=64, K=512, context=8192, page_size=64, bas
 
 def environment() -> dict:
     """Device, versions and date: stamped into every recorded run."""
-    from .kernels import split_k
+    from .kernels import head_batched, split_k
     d = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
          "device": info().as_dict(), "python": platform.python_version(),
          "torch": torch.__version__, "triton": triton.__version__,
-         "split_k": {"partials": str(split_k.partials_dtype()), "merge": split_k.MERGE, "pdl": split_k.PDL}}
+         "split_k": {"partials": str(split_k.partials_dtype()), "merge": split_k.MERGE, "pdl": split_k.PDL},
+         "head_batched": {"dequant": "bits" if head_batched.dequant_bits() else "cvt",
+                          "fold_scale": head_batched.FOLD_SCALE}}
     try:
         from .kernels import sglang_peer
         d["sglang_file"] = sglang_peer.sglang_file()

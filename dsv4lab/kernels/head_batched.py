@@ -188,14 +188,19 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
             tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
 
 
-#: How a tile's fp8 bytes become bf16 on the GPU (env DSV4LAB_DEQUANT): "bits" (integer ops and
-#: one bf16x2 multiply, common.dequant_kv_bits) or "cvt" (the conversion instructions). The
-#: interpreter always takes "cvt" (no inline assembly there).
-DEQUANT = os.environ.get("DSV4LAB_DEQUANT", "bits")
+#: How a tile's fp8 bytes become bf16 on the GPU (env DSV4LAB_DEQUANT): "cvt" (the conversion
+#: instructions) or "bits" (integer ops and one bf16x2 multiply, common.dequant_kv_bits). The
+#: interpreter always takes "cvt" (no inline assembly there). "bits" takes the 64x128 tile's loop
+#: from 2217 to 2055 SASS instructions (F2FP 256 -> 32) and is bitwise equal, but measured no
+#: faster on the H200 (data/runs/h200/ab_dequant.json, graph replay): B=128 mma 62.2 -> 61.6 us,
+#: B=32 41.0 -> 42.0, B=1 37.5 -> 38.8, splitk B=1 14.1 -> 14.8. The kernel waits on latency
+#: (memory, barriers, wgmma), not on the conversion pipe, so "cvt" stays the default.
+DEQUANT = os.environ.get("DSV4LAB_DEQUANT", "cvt")
 if DEQUANT not in ("bits", "cvt"):
     raise ValueError(f"DSV4LAB_DEQUANT must be 'bits' or 'cvt', got {DEQUANT!r}")
-#: apply the softmax scale inside exp2's fused multiply-add (_attend_tile) (env DSV4LAB_FOLD_SCALE)
-FOLD_SCALE = os.environ.get("DSV4LAB_FOLD_SCALE", "1") == "1"
+#: apply the softmax scale inside exp2's fused multiply-add (_attend_tile) (env DSV4LAB_FOLD_SCALE=1):
+#: 2217 -> 2167 instructions a tile, within +-0.5% in time (ab_dequant.json); off by default
+FOLD_SCALE = os.environ.get("DSV4LAB_FOLD_SCALE", "0") == "1"
 
 
 def dequant_bits() -> bool:
