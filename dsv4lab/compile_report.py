@@ -82,7 +82,7 @@ def head_batched_report(block_h, block_n, num_warps, num_stages, prefetch=0, *, 
     from .kernels.head_batched import _head_batched_kernel
     c = dict(PAGE_SIZE=64, PAGE_BYTES=37440, HAS_TOPK_LEN=False, HAS_SINK=False, SPLIT=split or merge_nsplit > 0,
              BLOCK_H=block_h, BLOCK_N=block_n, D=512, NOPE=448, DOT=triton.language.bfloat16,
-             LAZY_RESCALE=lazy_rescale, PREFETCH=prefetch)
+             LAZY_RESCALE=lazy_rescale, PREFETCH=prefetch, TRACE=None)
     types = {}
     if merge_nsplit:
         p2 = triton.next_power_of_2(merge_nsplit)

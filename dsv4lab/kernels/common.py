@@ -208,6 +208,24 @@ def merge_chunk(heads: int, split_p2: int, num_warps: int, d: int = 512, per_thr
     return max(16, min(d, per_thread * 32 * num_warps // (heads * split_p2)))
 
 
+@triton.jit
+def trace_point(TRACE, slot: tl.constexpr, after=None):
+    """Write the GPU's nanosecond clock (%globaltimer) into TRACE[program, slot] and the SM id
+    into TRACE[program, 3] (GPU only; TRACE is int64 [programs, 4], programs numbered over the
+    whole grid). ``after``: a tensor the reading must wait for (each thread reads the clock once
+    its elements exist; the latest reading is kept)."""
+    if after is None:
+        t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+    else:
+        t = tl.max(tl.inline_asm_elementwise("mov.u64 $0, %globaltimer; // $1", "=l,r", [after.to(tl.float32)],
+                                              dtype=tl.int64, is_pure=False, pack=1), axis=0)
+    pid = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2) + tl.program_id(2)
+    tl.store(TRACE + pid * 4 + slot, t)
+    if slot == 0:
+        sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=True, pack=1)
+        tl.store(TRACE + pid * 4 + 3, sm.to(tl.int64))
+
+
 def cache_views(cache):
     """(fp8, uint8, bf16) flat views of the cache bytes, the kernel's three pointers."""
     raw = cache.buffer.reshape(-1)

@@ -25,7 +25,7 @@ import triton.language as tl
 from ..api import register
 from ..device import info, is_interpret
 from .common import (LOG2E, MAX_SCALE_BYTE, alloc, cache_views, dequant_kv, dot_dtype, finish, gather_kv_tile, load_kv_raw,
-                     merge_chunk, merge_partials, out_dtype, prefetch_kv_l2, prefetch_kv_l2_bulk)
+                     merge_chunk, merge_partials, out_dtype, prefetch_kv_l2, prefetch_kv_l2_bulk, trace_point)
 
 
 @triton.jit
@@ -79,7 +79,10 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
                          LAUNCH_DEPENDENTS: tl.constexpr = False,
                          DEQUANT_BITS: tl.constexpr = False, FOLD_SCALE: tl.constexpr = False,
                          CNT=None, O_FINAL=None, LSE_FINAL=None, stride_fb=0, stride_fh=0,
-                         MERGE: tl.constexpr = False, SPLIT_P2: tl.constexpr = 1, DCHUNK: tl.constexpr = 64):
+                         MERGE: tl.constexpr = False, SPLIT_P2: tl.constexpr = 1, DCHUNK: tl.constexpr = 64,
+                         TRACE=None):
+    if TRACE is not None:
+        trace_point(TRACE, 0)                       # program start
     if LAUNCH_DEPENDENTS:
         tl.extra.cuda.gdc_launch_dependents()      # let the combine kernel launch now (it waits on the GPU)
     b = tl.program_id(0)
@@ -160,6 +163,8 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
             valid = (pos < hi) & (tok >= 0)
             kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, DOT, DEQUANT_BITS)
             m_i, l_i, acc = _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, LAZY_RESCALE, FOLD_SCALE)
+    if TRACE is not None:
+        trace_point(TRACE, 1, l_i)                  # the last tile's softmax sums exist
     has = l_i > 0.0
     lse = tl.where(has, (m_i + tl.math.log2(tl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
     out = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -173,6 +178,8 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
     tl.store(o_ptr, out.to(O.dtype.element_ty), mask=hmask[:, None])
     # LSE is [B, H] (final) or [B, H, NSPLIT] (partials), contiguous
     tl.store(LSE + (b * H + heads) * tl.num_programs(2) + sp, lse, mask=hmask)
+    if TRACE is not None:
+        trace_point(TRACE, 2, lse)                  # stores issued
     if MERGE:
         # Split-K without a second launch: the last slice of (b, head block) to finish
         # merges all of them. Every thread's partial stores are ordered before the
@@ -287,13 +294,15 @@ def choose_tiles(B: int, H: int, K: int, sms: int | None = None) -> TileConfig:
 
 
 def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, *, nsplit=1, split_len=None,
-           cfg: TileConfig | None = None, pdl: bool = False, merge_into=None):
+           cfg: TileConfig | None = None, pdl: bool = False, merge_into=None, trace=None):
     """Launch the head-batched kernel; with nsplit > 1, ``out``/``lse`` are the partial
     workspaces [B, H, NSPLIT, 512] (fp32 or bf16) / [B, H, NSPLIT] fp32.
     ``merge_into=(out, lse, counters)``: the last slice of each row merges in this launch
     and applies ``attn_sink`` (counters: int32 zeros, >= B x head blocks; each launch leaves
     them zero); otherwise split_k's combine kernel merges and ``attn_sink`` must be None here.
-    ``pdl``: the next launch (split-K's combine) is a programmatic dependent launch."""
+    ``pdl``: the next launch (split-K's combine) is a programmatic dependent launch.
+    ``trace``: int64 [programs, 4] (GPU only): per program the %globaltimer ns at its start, after
+    its last tile, after its stores, and its SM id (common.trace_point; tools/trace_decode.py)."""
     B, H, D = q.shape
     K = indices.shape[1]
     cfg = cfg or tile_config(H)
@@ -315,7 +324,7 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, *, nsplit
         HAS_TOPK_LEN=topk_len is not None, HAS_SINK=attn_sink is not None, SPLIT=split,
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, D=D, NOPE=448, DOT=dot_dtype(),
         LAZY_RESCALE=cfg.lazy_rescale, PREFETCH=0 if is_interpret() and cfg.prefetch in (1, 3) else cfg.prefetch,
-        LAUNCH_DEPENDENTS=pdl, DEQUANT_BITS=dequant_bits(), FOLD_SCALE=FOLD_SCALE,
+        LAUNCH_DEPENDENTS=pdl, DEQUANT_BITS=dequant_bits(), FOLD_SCALE=FOLD_SCALE, TRACE=trace,
         **_merge_args(merge_into, B, H, nsplit, cfg),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 

@@ -29,7 +29,7 @@ import triton.language as tl
 from ..api import register
 from . import common, head_batched
 from ..device import is_interpret
-from .common import alloc, finish, merge_chunk, merge_partials, out_dtype, use_pdl
+from .common import alloc, finish, merge_chunk, merge_partials, out_dtype, trace_point, use_pdl
 
 MAX_SPLIT = 16
 #: the merge's cost beyond TileConfig.merge_us (fitted per config to the B=1 rows of the
@@ -86,15 +86,20 @@ def choose(B: int, H: int, K: int, *, sms: int | None = None) -> Plan:
 def _combine_kernel(O_PART, LSE_PART, SINK, O, LSE, H, NSPLIT,
                     stride_pb, stride_ph, stride_ps, stride_ob, stride_oh,
                     HAS_SINK: tl.constexpr, SPLIT_P2: tl.constexpr, D: tl.constexpr,
-                    HEADS: tl.constexpr = 1, DCHUNK: tl.constexpr = 512, USE_GDC: tl.constexpr = False):
+                    HEADS: tl.constexpr = 1, DCHUNK: tl.constexpr = 512, USE_GDC: tl.constexpr = False,
+                    TRACE=None):
     """The merge as its own launch: program (b, j) merges heads j*HEADS .. j*HEADS+HEADS-1 of
     batch row b (common.merge_partials, the same code as the fused merge)."""
+    if TRACE is not None:
+        trace_point(TRACE, 0)
     if USE_GDC:
         tl.extra.cuda.gdc_wait()      # launched early (PDL): wait until the partials are written
     b = tl.program_id(0)
     heads = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
     merge_partials(O_PART, LSE_PART, SINK, O, LSE, b, heads, heads < H, H, NSPLIT,
                    stride_pb, stride_ph, stride_ps, stride_ob, stride_oh, HAS_SINK, SPLIT_P2, DCHUNK, D)
+    if TRACE is not None:
+        trace_point(TRACE, 2, tl.load(LSE + b * H + heads, mask=heads < H, other=0.0))   # after the stores
 
 
 #: the combine launch's shape: heads per program and warps for fp32 partials (a program holds
@@ -112,7 +117,7 @@ def combine_warps(partials: torch.dtype) -> int:
     return max(1, COMBINE_WARPS * partials.itemsize // 4)
 
 
-def combine(o_part, lse_part, attn_sink, out, lse, *, heads=None, num_warps=None, **pdl):
+def combine(o_part, lse_part, attn_sink, out, lse, *, heads=None, num_warps=None, trace=None, **pdl):
     B, H, nsplit, D = o_part.shape
     heads = heads or COMBINE_HEADS
     num_warps = num_warps or combine_warps(o_part.dtype)
@@ -125,7 +130,7 @@ def combine(o_part, lse_part, attn_sink, out, lse, *, heads=None, num_warps=None
         o_part, lse_part, attn_sink if attn_sink is not None else lse, out, lse, H, nsplit,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), out.stride(0), out.stride(1),
         HAS_SINK=attn_sink is not None, SPLIT_P2=split_p2, D=D, HEADS=heads, DCHUNK=dchunk,
-        num_warps=num_warps, **pdl)
+        num_warps=num_warps, TRACE=trace, **pdl)
 
 
 def pdl_kwargs() -> dict:
