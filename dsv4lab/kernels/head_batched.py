@@ -30,16 +30,30 @@ from .common import (LOG2E, MAX_SCALE_BYTE, alloc, cache_views, dequant_kv, dot_
 
 @triton.jit
 def _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, LAZY_RESCALE: tl.constexpr, FOLD_SCALE: tl.constexpr = False):
-    """One tile of online softmax: S = q @ kv^T, rescale, acc += P @ kv (kv = K = V).
-    FOLD_SCALE: the row max is taken on the unscaled S (qk_scale > 0) and the scale is applied
-    inside exp2's argument, s * qk_scale - m, one fused multiply-add instead of a multiply here
-    and a subtract there (the running max m_i is in scaled units either way)."""
+    """One tile of online softmax: S = q @ kv^T, rescale, acc += P @ kv (kv = K = V)."""
+    s = _tile_scores(q, kv, valid, qk_scale, FOLD_SCALE)
+    return _tile_update(s, kv, m_i, l_i, acc, qk_scale, LAZY_RESCALE, FOLD_SCALE)
+
+
+@triton.jit
+def _tile_scores(q, kv, valid, qk_scale, FOLD_SCALE: tl.constexpr):
+    """S = q @ kv^T [BLOCK_H, BLOCK_N], -inf where ~valid; in log2 units unless FOLD_SCALE
+    (then unscaled: _tile_update applies qk_scale inside exp2's fused multiply-add)."""
     if FOLD_SCALE:
-        s = tl.where(valid[None, :], tl.dot(q, tl.trans(kv)), float("-inf"))
+        return tl.where(valid[None, :], tl.dot(q, tl.trans(kv)), float("-inf"))
+    s = tl.dot(q, tl.trans(kv)) * qk_scale
+    return tl.where(valid[None, :], s, float("-inf"))
+
+
+@triton.jit
+def _tile_update(s, kv, m_i, l_i, acc, qk_scale, LAZY_RESCALE: tl.constexpr, FOLD_SCALE: tl.constexpr):
+    """Online softmax on one tile's scores s, then acc += P @ kv. FOLD_SCALE: the row max is
+    taken on the unscaled S (qk_scale > 0) and the scale is applied inside exp2's argument,
+    s * qk_scale - m, one fused multiply-add instead of a multiply and a subtract (the running
+    max m_i is in scaled units either way)."""
+    if FOLD_SCALE:
         m_tile = tl.max(s, axis=1) * qk_scale
     else:
-        s = tl.dot(q, tl.trans(kv)) * qk_scale                      # [BLOCK_H, BLOCK_N], log2 units
-        s = tl.where(valid[None, :], s, float("-inf"))
         m_tile = tl.max(s, axis=1)
     if LAZY_RESCALE:
         # FlashAttention-3's trick: keep a stale running max unless a row's max grows by
@@ -153,6 +167,25 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
             tok_next = tl.load(row + pos + BLOCK_N, mask=pos + BLOCK_N < hi, other=-1)
             kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, DOT, DEQUANT_BITS)
             m_i, l_i, acc = _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, LAZY_RESCALE, FOLD_SCALE)
+    elif PREFETCH == 5 or PREFETCH == 6:
+        # Indices one tile ahead (as 4), and the next tile's bytes requested into L2 once this
+        # tile's gather has been consumed (after Q @ K^T is issued): they arrive during this
+        # tile's softmax and P @ V. Prefetching at the top of the iteration (1, 3) instead added
+        # to the burst of every program's gather at the same moment. 5: one bulk L2 prefetch
+        # per token (cp.async.bulk.prefetch), 6: one prefetch per 128-byte line. GPU only.
+        tok_next = tl.load(row + lo + t, mask=lo + t < hi, other=-1)
+        for start in range(lo, hi, BLOCK_N):
+            pos = start + t
+            tok = tok_next
+            valid = (pos < hi) & (tok >= 0)
+            tok_next = tl.load(row + pos + BLOCK_N, mask=pos + BLOCK_N < hi, other=-1)
+            kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, DOT, DEQUANT_BITS)
+            s = _tile_scores(q, kv, valid, qk_scale, FOLD_SCALE)
+            if PREFETCH == 5:
+                prefetch_kv_l2_bulk(KV_U8, tok_next, tok_next >= 0, PAGE_SIZE, PAGE_BYTES)
+            else:
+                prefetch_kv_l2(KV_U8, tok_next, tok_next >= 0, PAGE_SIZE, PAGE_BYTES)
+            m_i, l_i, acc = _tile_update(s, kv, m_i, l_i, acc, qk_scale, LAZY_RESCALE, FOLD_SCALE)
     else:
         # indices and bytes loaded in the iteration that uses them. With num_stages > 1
         # Triton 3.6 turns the gathers into cp.async copies, but issues them at the end of
@@ -223,7 +256,7 @@ class TileConfig:
     source: str = ""
     lazy_rescale: bool = False
     prefetch: int = 0                  # 0: Triton's pipeliner, 1: L2 hint, 2: registers, 3: bulk L2 hint,
-                                       # 4: indices one tile ahead
+                                       # 4: indices one tile ahead, 5/6: 4 + bulk/line L2 hint after QK
     us_per_tile: float | None = None   # measured: a program's time per BLOCK_N tile (the slope)
     fixed_us: float = 0.0              # measured: a launch's time beyond its tiles (the intercept)
     merge_us: float = 3.0              # measured: what split-K's merge adds to a launch of these tiles
@@ -323,10 +356,17 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, *, nsplit
         PAGE_SIZE=cache.page_size, PAGE_BYTES=cache.page_bytes,
         HAS_TOPK_LEN=topk_len is not None, HAS_SINK=attn_sink is not None, SPLIT=split,
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, D=D, NOPE=448, DOT=dot_dtype(),
-        LAZY_RESCALE=cfg.lazy_rescale, PREFETCH=0 if is_interpret() and cfg.prefetch in (1, 3) else cfg.prefetch,
+        LAZY_RESCALE=cfg.lazy_rescale, PREFETCH=_prefetch_mode(cfg.prefetch),
         LAUNCH_DEPENDENTS=pdl, DEQUANT_BITS=dequant_bits(), FOLD_SCALE=FOLD_SCALE, TRACE=trace,
         **_merge_args(merge_into, B, H, nsplit, cfg),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def _prefetch_mode(prefetch: int) -> int:
+    """The interpreter cannot run the L2 hints (PTX): it takes the same loop without them."""
+    if is_interpret():
+        return {1: 0, 3: 0, 5: 4, 6: 4}.get(prefetch, prefetch)
+    return prefetch
 
 
 def _merge_args(merge_into, B, H, nsplit, cfg):
