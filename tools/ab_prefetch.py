@@ -1,5 +1,5 @@
 """The 64-head tile's prefetch modes on the GPU: 4 (indices one tile ahead) against 5 and 6 (4 + the
-next tile's bytes requested into L2 after this tile's Q @ K^T: bulk or per-line hints). One JSON.
+next tile's bytes requested into L2 after this tile's Q @ K^T; 7: two tiles ahead). One JSON.
 
     python tools/ab_prefetch.py OUT.json
 
@@ -22,7 +22,7 @@ from dsv4lab.testing import LSE_TOL, OUT_TOL, make_decode_inputs, poisoned, rel_
 
 H, K, SCALE = 64, 512, 512 ** -0.5
 BASE = head_batched.tile_config(H)
-MODES = [4, 5, 6]
+MODES = [4, 5, 7]
 SHAPES = [(1, 1), (1, 4), (32, 1), (32, 4), (64, 1), (64, 2), (128, 1)]      # (B, NSPLIT)
 
 

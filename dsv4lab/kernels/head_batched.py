@@ -167,24 +167,38 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
             tok_next = tl.load(row + pos + BLOCK_N, mask=pos + BLOCK_N < hi, other=-1)
             kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, DOT, DEQUANT_BITS)
             m_i, l_i, acc = _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, LAZY_RESCALE, FOLD_SCALE)
-    elif PREFETCH == 5 or PREFETCH == 6:
+    elif PREFETCH >= 5:
         # Indices one tile ahead (as 4), and the next tile's bytes requested into L2 once this
         # tile's gather has been consumed (after Q @ K^T is issued): they arrive during this
         # tile's softmax and P @ V. Prefetching at the top of the iteration (1, 3) instead added
         # to the burst of every program's gather at the same moment. 5: one bulk L2 prefetch
-        # per token (cp.async.bulk.prefetch), 6: one prefetch per 128-byte line. GPU only.
+        # per token (cp.async.bulk.prefetch), 6: one prefetch per 128-byte line, 7: bulk, two
+        # tiles ahead (tile i + 2 after tile i's Q @ K^T; tile 1 after tile 0's), so a tile's
+        # bytes have a whole tile's time to arrive. GPU only; no hint past the slice's end.
         tok_next = tl.load(row + lo + t, mask=lo + t < hi, other=-1)
+        if PREFETCH == 7:
+            tok_next2 = tl.load(row + lo + BLOCK_N + t, mask=lo + BLOCK_N + t < hi, other=-1)
         for start in range(lo, hi, BLOCK_N):
             pos = start + t
             tok = tok_next
             valid = (pos < hi) & (tok >= 0)
-            tok_next = tl.load(row + pos + BLOCK_N, mask=pos + BLOCK_N < hi, other=-1)
+            if PREFETCH == 7:
+                tok_next = tok_next2
+                tok_next2 = tl.load(row + pos + 2 * BLOCK_N, mask=pos + 2 * BLOCK_N < hi, other=-1)
+            else:
+                tok_next = tl.load(row + pos + BLOCK_N, mask=pos + BLOCK_N < hi, other=-1)
             kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, DOT, DEQUANT_BITS)
             s = _tile_scores(q, kv, valid, qk_scale, FOLD_SCALE)
-            if PREFETCH == 5:
-                prefetch_kv_l2_bulk(KV_U8, tok_next, tok_next >= 0, PAGE_SIZE, PAGE_BYTES)
-            else:
-                prefetch_kv_l2(KV_U8, tok_next, tok_next >= 0, PAGE_SIZE, PAGE_BYTES)
+            if PREFETCH == 7:
+                if (start == lo) & (start + BLOCK_N < hi):
+                    prefetch_kv_l2_bulk(KV_U8, tok_next, tok_next >= 0, PAGE_SIZE, PAGE_BYTES)
+                if start + 2 * BLOCK_N < hi:
+                    prefetch_kv_l2_bulk(KV_U8, tok_next2, tok_next2 >= 0, PAGE_SIZE, PAGE_BYTES)
+            elif start + BLOCK_N < hi:
+                if PREFETCH == 5:
+                    prefetch_kv_l2_bulk(KV_U8, tok_next, tok_next >= 0, PAGE_SIZE, PAGE_BYTES)
+                else:
+                    prefetch_kv_l2(KV_U8, tok_next, tok_next >= 0, PAGE_SIZE, PAGE_BYTES)
             m_i, l_i, acc = _tile_update(s, kv, m_i, l_i, acc, qk_scale, LAZY_RESCALE, FOLD_SCALE)
     else:
         # indices and bytes loaded in the iteration that uses them. With num_stages > 1
@@ -256,7 +270,8 @@ class TileConfig:
     source: str = ""
     lazy_rescale: bool = False
     prefetch: int = 0                  # 0: Triton's pipeliner, 1: L2 hint, 2: registers, 3: bulk L2 hint,
-                                       # 4: indices one tile ahead, 5/6: 4 + bulk/line L2 hint after QK
+                                       # 4: indices one tile ahead, 5/6: 4 + bulk/line L2 hint after QK,
+                                       # 7: 5 two tiles ahead
     us_per_tile: float | None = None   # measured: a program's time per BLOCK_N tile (the slope)
     fixed_us: float = 0.0              # measured: a launch's time beyond its tiles (the intercept)
     merge_us: float = 3.0              # measured: what split-K's merge adds to a launch of these tiles
@@ -365,7 +380,7 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, *, nsplit
 def _prefetch_mode(prefetch: int) -> int:
     """The interpreter cannot run the L2 hints (PTX): it takes the same loop without them."""
     if is_interpret():
-        return {1: 0, 3: 0, 5: 4, 6: 4}.get(prefetch, prefetch)
+        return {1: 0, 3: 0, 5: 4, 6: 4, 7: 4}.get(prefetch, prefetch)
     return prefetch
 
 
