@@ -61,6 +61,28 @@ def table(part: str, run: str = "h200") -> pd.DataFrame:
     return df
 
 
+def trace_table(run: str = "h200") -> pd.DataFrame:
+    """tools/trace_decode.py's recorded cases, one row each: the graph-replay time (also with the
+    clock reads compiled in) and, from the
+    programs' own clocks (medians over the replays, us), how long a program runs, how much of
+    that is its tile loop, the spread of program starts, and for split-K the gap to the combine
+    launch, the combine programs and the span from the first start to the last store."""
+    rows = []
+    for c in load("trace_decode", run)["cases"]:
+        m = c["medians"]
+        rows.append(dict(case=c["case"], B=c["B"], same_tokens=c["same_tokens"], block_h=c.get("block_h"),
+                         block_n=c.get("block_n"), nsplit=c.get("nsplit", 1), graph_us=c["graph_us"],
+                         graph_us_traced=c["graph_us_traced"],
+                         program_us=m["split_program_us"]["median"], loop_us=m["split_loop_us"]["median"],
+                         after_loop_us=m["split_after_loop_us"]["median"], start_spread_us=m["split_start_spread_us"],
+                         sms=m["sms"], gap_to_combine_us=m.get("gap_split_end_to_combine_start_us"),
+                         combine_us=m.get("combine_program_us", {}).get("median"),
+                         span_us=m.get("span_us", m["split_span_us"])))
+    df = pd.DataFrame(rows)
+    df["outside_kernels_us"] = df.graph_us_traced - df.span_us     # both with the clock reads in
+    return df
+
+
 def ceilings(run: str = "h200"):
     """The run's measured ceilings as a dsv4lab.device.Ceilings."""
     from .device import Ceilings
