@@ -1,5 +1,6 @@
-"""The 64-head tile's prefetch modes on the GPU: 4 (indices one tile ahead) against 5 and 6 (4 + the
-next tile's bytes requested into L2 after this tile's Q @ K^T; 7: two tiles ahead). One JSON.
+"""The 64-head tile's prefetch loops on the GPU: 4 (indices one tile ahead) against 5 (4 + the next
+tile's bytes requested into L2 after this tile's Q @ K^T) and 7 (two tiles ahead), the last two also
+with the integer dequant and the folded scale (VARIANTS). One JSON.
 
     python tools/ab_prefetch.py OUT.json
 
@@ -22,25 +23,29 @@ from dsv4lab.testing import LSE_TOL, OUT_TOL, make_decode_inputs, poisoned, rel_
 
 H, K, SCALE = 64, 512, 512 ** -0.5
 BASE = head_batched.tile_config(H)
-MODES = [4, 5, 7]
+DEFAULT = (head_batched.DEQUANT, head_batched.FOLD_SCALE)
+#: (prefetch loop, dequant, fold the softmax scale): the loops with the default dequant, and the two
+#: best loops with the instruction-saving variants of ab_dequant.json on top
+VARIANTS = [(4, "cvt", False), (5, "cvt", False), (7, "cvt", False), (5, "bits", True), (7, "bits", True)]
 SHAPES = [(1, 1), (1, 4), (32, 1), (32, 4), (64, 1), (64, 2), (128, 1)]      # (B, NSPLIT)
 
 
-def decode(inp, cfg, nsplit, **kw):
+def decode(inp, variant, nsplit, **kw):
+    cfg = dataclasses.replace(BASE, prefetch=variant[0])
+    head_batched.DEQUANT, head_batched.FOLD_SCALE = variant[1], variant[2]
     return split_k.sparse_decode_split(inp.q, inp.cache, inp.indices, topk_len=kw.get("topk_len"),
                                        sm_scale=SCALE, attn_sink=kw.get("attn_sink"), nsplit=nsplit, cfg=cfg)
 
 
 def main(path):
-    cfgs = {m: dataclasses.replace(BASE, prefetch=m) for m in MODES}
     rows = []
     chk = make_decode_inputs(6, H, K, context=1500, topk_len=True, sink=True, pad_frac=0.1, seed=31)
     ro, rl = reference.sparse_decode(chk.q, chk.cache, chk.indices, sm_scale=SCALE, **chk.kwargs())
-    for m, cfg in cfgs.items():
+    for v in VARIANTS:
         for n in (1, 2):
             with poisoned():
-                o, lse = decode(chk, cfg, n, **chk.kwargs())
-            row = dict(kind="check", prefetch=m, nsplit=n, out_err=rel_err(o.float(), ro), lse_err=rel_err(lse, rl))
+                o, lse = decode(chk, v, n, **chk.kwargs())
+            row = dict(kind="check", prefetch=v[0], dequant=v[1], fold=v[2], nsplit=n, out_err=rel_err(o.float(), ro), lse_err=rel_err(lse, rl))
             row["ok"] = row["out_err"] <= OUT_TOL and row["lse_err"] <= LSE_TOL
             rows.append(row)
             print(row, flush=True)
@@ -48,15 +53,17 @@ def main(path):
         inp = make_decode_inputs(B, H, K, context=8192, seed=700 + B)
         best = {}
         for _ in range(2):
-            for m, cfg in cfgs.items():
-                us = bench.time_ms(lambda: decode(inp, cfg, n), graph=True) * 1e3  # noqa: B023
-                best[m] = min(best.get(m, us), us)
-        for m, us in best.items():
-            rows.append(dict(kind="time", B=B, nsplit=n, prefetch=m, us=us,
+            for v in VARIANTS:
+                us = bench.time_ms(lambda: decode(inp, v, n), graph=True) * 1e3  # noqa: B023
+                best[v] = min(best.get(v, us), us)
+        for v, us in best.items():
+            rows.append(dict(kind="time", B=B, nsplit=n, prefetch=v[0], dequant=v[1], fold=v[2], us=us,
                              tflops=4 * H * K * 512 * B / (us * 1e-6) / 1e12))
             print(rows[-1], flush=True)
         if B == 128:
-            for m, cfg in cfgs.items():
+            for v in VARIANTS:
+                cfg = dataclasses.replace(BASE, prefetch=v[0])
+                head_batched.DEQUANT, head_batched.FOLD_SCALE = v[1], v[2]
                 tr = torch.zeros(B, 4, dtype=torch.int64, device="cuda")
                 out = torch.empty(B, H, 512, dtype=torch.bfloat16, device="cuda")
                 lse = torch.empty(B, H, dtype=torch.float32, device="cuda")
@@ -67,10 +74,11 @@ def main(path):
                     torch.cuda.synchronize()
                     t = tr.cpu()
                     loops.append(float((t[:, 1] - t[:, 0]).double().median()) / 1e3)
-                rows.append(dict(kind="trace", B=B, prefetch=m, loop_us_median=sorted(loops)[len(loops) // 2]))
+                rows.append(dict(kind="trace", B=B, prefetch=v[0], dequant=v[1], fold=v[2], loop_us_median=sorted(loops)[len(loops) // 2]))
                 print(rows[-1], flush=True)
         del inp
         torch.cuda.empty_cache()
+    head_batched.DEQUANT, head_batched.FOLD_SCALE = DEFAULT
     json.dump({**bench.environment(), "part": "ab_prefetch", "base": vars(BASE), "rows": rows},
               open(path, "w"), indent=1, default=str)
 
