@@ -289,8 +289,9 @@ class TileConfig:
 #: us_per_tile and fixed_us (the launch-time model, model_us) are fitted to the B = 1 rows
 #: of the NSPLIT sweep: time = fixed_us + tiles per program x us_per_tile (+ merge).
 TILE_TABLE = {
-    ("9.0", "mma"): TileConfig(64, 128, 8, 1, "H200 sweep, data/runs/h200/tiles.json (fastest at B=128)",
-                               prefetch=4, us_per_tile=10.816, fixed_us=5.79, merge_us=3.94),
+    ("9.0", "mma"): TileConfig(64, 128, 8, 1, "H200 sweep, data/runs/h200/tiles.json (fastest at B=128); "
+                               "loop 5 from ab_prefetch_456.json (B=128 61.9 -> 58.6 us)",
+                               prefetch=5, us_per_tile=10.816, fixed_us=5.79, merge_us=3.94),
     ("9.0", "split"): TileConfig(16, 64, 8, 1, "H200 sweep, data/runs/h200/split.json (fastest at B=1)",
                                  prefetch=2, us_per_tile=3.579, fixed_us=9.35, merge_us=0.48),
     ("12.0", "mma"): TileConfig(64, 16, 8, 1, "paper estimate for RTX PRO 6000 (sm_120): not measured"),
