@@ -80,3 +80,16 @@ def test_select_rows_of_the_chosen_split_config():
     sp = runs.table("split")
     rows = runs.select(sp, runs.tile_choice("split"))
     assert len(rows) > 0 and rows["B"].nunique() > 1
+
+
+def test_trace_table_accounts_for_the_graph_time():
+    """The recorded program clocks hang together: a program's loop fits inside the program, the
+    program inside the span, the span inside the (traced) graph replay; B=128 used 128 SMs."""
+    from dsv4lab import runs
+    tt = runs.trace_table()
+    assert {"splitk", "mma"} <= set(tt.case)
+    assert (tt.outside_kernels_us > 0).all()
+    assert (tt.loop_us < tt.program_us).all() and (tt.program_us <= tt.span_us + 1e-9).all()
+    assert (tt[tt.B == 128].sms == 128).all()
+    split = tt[tt.case == "splitk"]
+    assert split.gap_to_combine_us.notna().all() and split.combine_us.notna().all()
