@@ -151,9 +151,8 @@ def dequant_kv(cache: KVCache, token_ids) -> torch.Tensor:
     page, slot = flat // cache.page_size, flat % cache.page_size
     ps = cache.page_size
     data = cache.buffer[:, : ps * DATA_BYTES].reshape(cache.num_pages, ps, DATA_BYTES)[page, slot]
-    sc = cache.buffer[:, ps * DATA_BYTES: ps * TOKEN_BYTES].reshape(cache.num_pages, ps, SCALE_BYTES)[page, slot]
     nope = data[:, :NOPE_DIM].contiguous().view(torch.float8_e4m3fn).float()
-    scale = torch.exp2(sc[:, :NUM_SCALES].float() - 127.0)
+    scale = torch.exp2(scale_bytes(cache, flat).float() - 127.0)
     nope = (nope.reshape(-1, NUM_SCALES, QUANT_TILE) * scale[..., None]).reshape(-1, NOPE_DIM)
     rope = data[:, NOPE_DIM:].contiguous().view(torch.bfloat16).float()
     return torch.cat([nope, rope], dim=-1).reshape(*ids.shape, HEAD_DIM)

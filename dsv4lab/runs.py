@@ -63,10 +63,10 @@ def table(part: str, run: str = "h200") -> pd.DataFrame:
 
 def trace_table(run: str = "h200") -> pd.DataFrame:
     """tools/trace_decode.py's recorded cases, one row each: the graph-replay time (also with the
-    clock reads compiled in) and, from the
-    programs' own clocks (medians over the replays, us), how long a program runs, how much of
-    that is its tile loop, the spread of program starts, and for split-K the gap to the combine
-    launch, the combine programs and the span from the first start to the last store."""
+    clock reads compiled in) and, from the programs' own clocks (medians over the replays, us),
+    how long a program runs, how much of that is its tile loop, the spread of program starts,
+    and for split-K the gap to the combine launch, the combine programs and the span from the
+    first start to the last store."""
     rows = []
     for c in load("trace_decode", run)["cases"]:
         m = c["medians"]

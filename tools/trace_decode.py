@@ -20,7 +20,8 @@ import time
 
 import torch
 
-import dsv4lab  # noqa: F401
+import dsv4lab  # noqa: F401  (first: decides the mode before triton is imported)
+import triton
 from dsv4lab import bench
 from dsv4lab.kernels import head_batched, split_k
 from dsv4lab.testing import make_decode_inputs
@@ -50,13 +51,9 @@ def launches(inp, case, traces=None):
         def fn():
             head_batched.launch(inp.q, inp.cache, inp.indices, None, SCALE, None, out, lse, cfg=cfg,
                                 trace=t.get("split"))
-        shape = {"split": B * triton_cdiv(H, cfg.block_h)}
-        info = dict(block_h=cfg.block_h, block_n=cfg.block_n, tiles_per_program=triton_cdiv(K, cfg.block_n))
+        shape = {"split": B * triton.cdiv(H, cfg.block_h)}
+        info = dict(block_h=cfg.block_h, block_n=cfg.block_n, tiles_per_program=triton.cdiv(K, cfg.block_n))
     return fn, shape, info
-
-
-def triton_cdiv(a, b):
-    return -(-a // b)
 
 
 def stats(xs):

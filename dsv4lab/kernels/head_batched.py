@@ -248,7 +248,9 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
 #: from 2217 to 2055 SASS instructions (F2FP 256 -> 32) and is bitwise equal, but measured no
 #: faster on the H200 (data/runs/h200/ab_dequant.json, graph replay): B=128 mma 62.2 -> 61.6 us,
 #: B=32 41.0 -> 42.0, B=1 37.5 -> 38.8, splitk B=1 14.1 -> 14.8. The kernel waits on latency
-#: (memory, barriers, wgmma), not on the conversion pipe, so "cvt" stays the default.
+#: (memory, barriers, wgmma), not on the conversion pipe, so "cvt" stays the default. With loop 5
+#: (less memory wait) "bits" + FOLD_SCALE took B=128 from 58.6 to 57.5 us (ab_prefetch.json), but
+#: the switch is global and the 16-head tiles are slower with it.
 DEQUANT = os.environ.get("DSV4LAB_DEQUANT", "cvt")
 if DEQUANT not in ("bits", "cvt"):
     raise ValueError(f"DSV4LAB_DEQUANT must be 'bits' or 'cvt', got {DEQUANT!r}")
