@@ -61,6 +61,8 @@ _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 
 def check_sparse_decode_args(q, cache, indices, topk_len, sm_scale, attn_sink, check_ranges=True,
                              max_scale_byte=None):
+    """Raise a ValueError/TypeError naming the argument and what was expected. ``max_scale_byte``:
+    the impl's ``(B, H, K) -> largest scale byte it reads correctly, or None`` (an impl attribute)."""
     if not isinstance(cache, KVCache):
         raise TypeError(f"cache must be a dsv4lab.cache.KVCache (from pack_kv), got {type(cache).__name__}")
     dev = cache.device
@@ -87,15 +89,16 @@ def check_sparse_decode_args(q, cache, indices, topk_len, sm_scale, attn_sink, c
         if topk_len is not None and (int(topk_len.min()) < 0 or int(topk_len.max()) > K):
             raise ValueError(f"topk_len must lie in [0, K={K}], got range "
                              f"[{int(topk_len.min())}, {int(topk_len.max())}]")
-        if max_scale_byte is not None:
-            # kernels that apply the UE8M0 scale as a bf16 factor (head_batched's "bits" dequant)
-            # need it finite in bf16: check the scale bytes of the tokens this call reads
+        # the launch this shape gets may apply the UE8M0 scale as a bf16 factor (head_batched's
+        # "bits" dequant: finite in bf16 only up to a byte): check the tokens this call reads
+        limit = max_scale_byte(B, H, K) if max_scale_byte is not None else None
+        if limit is not None:
             ids = indices[indices >= 0]
             if ids.numel():
                 worst = int(scale_bytes(cache, ids).max())
-                if worst > max_scale_byte:
-                    raise ValueError(f"cache scale bytes of the indexed tokens must be <= {max_scale_byte} "
-                                     f"(scale <= 2^{max_scale_byte - 127}) for this impl; got {worst}. "
+                if worst > limit:
+                    raise ValueError(f"cache scale bytes of the indexed tokens must be <= {limit} "
+                                     f"(scale <= 2^{limit - 127}) for this impl at this shape; got {worst}. "
                                      f"Use impl='simt' or set DSV4LAB_DEQUANT=cvt")
         if attn_sink is not None and not bool(torch.isfinite(attn_sink).all()):
             raise ValueError("attn_sink must be finite (no sink for a head: pass attn_sink=None); "
@@ -121,8 +124,8 @@ def sparse_decode(q, cache, indices, *, topk_len=None, sm_scale=None, attn_sink=
     a kernel known to be in range. An out-of-range index is then not caught.
     """
     fn = _pick("sparse_decode", impl)
-    limit = fn.max_scale_byte() if hasattr(fn, "max_scale_byte") else None
-    check_sparse_decode_args(q, cache, indices, topk_len, sm_scale, attn_sink, check_ranges, limit)
+    check_sparse_decode_args(q, cache, indices, topk_len, sm_scale, attn_sink, check_ranges,
+                             getattr(fn, "max_scale_byte", None))
     if sm_scale is None:
         sm_scale = HEAD_DIM ** -0.5
     return fn(q, cache, indices, topk_len=topk_len, sm_scale=float(sm_scale), attn_sink=attn_sink)

@@ -45,6 +45,33 @@ def time_ms(fn, *, graph=False, warmup=25, rep=100) -> float:
     return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
+def time_per_call_in_graph_ms(fns, *, warmup=25, rep=100) -> float:
+    """Median milliseconds per call of one CUDA graph that runs ``fns[0](), fns[1](), ...`` back
+    to back, L2 flushed before each replay (do_bench). Each fn works on its own buffers, like the
+    layers of one captured decode step (SGLang captures the whole step): the graph's launch is
+    paid once for all of them, where a one-call graph pays it every call (launch_floor_us)."""
+    if mode() != "cuda":
+        raise RuntimeError("timings need a CUDA GPU; in interpret mode read the recorded runs in data/runs/")
+    from triton.testing import do_bench
+
+    def step():
+        for fn in fns:
+            fn()
+    g, _ = capture(step)
+    return float(do_bench(g.replay, warmup=warmup, rep=rep, return_mode="median")) / len(fns)
+
+
+def layer_copies(inp, layers: int) -> list:
+    """``layers`` input sets for in-graph timing: ``inp`` and copies of it in new memory (the cache,
+    q, indices cloned), so no call reads bytes an earlier call of the step left in L2."""
+    from dataclasses import replace
+    out = [inp]
+    for _ in range(layers - 1):
+        out.append(replace(inp, q=inp.q.clone(), indices=inp.indices.clone(),
+                           cache=replace(inp.cache, buffer=inp.cache.buffer.clone())))
+    return out
+
+
 @triton.jit
 def _empty_kernel(X):
     if tl.program_id(0) < 0:          # never true: a launch that does no work
@@ -92,8 +119,11 @@ def heads_per_read(impl: str, H: int, B: int = 1, K: int = 512) -> int:
     return min(H, split_k.choose_split(B, H, K).cfg.block_h)
 
 
-def decode_row(impl, inp, *, graph=True, eager=True, baseline_us=None, **kw) -> dict:
-    """Time one impl on one input set and derive bytes, FLOP/s and shares of the ceilings."""
+def decode_row(impl, inp, *, graph=True, eager=True, baseline_us=None, layer_inputs=None,
+               baseline_layer_us=None, **kw) -> dict:
+    """Time one impl on one input set and derive bytes, FLOP/s and shares of the ceilings.
+    ``layer_inputs`` (layer_copies): also graph_layer_us, the time per call inside one graph of
+    len(layer_inputs) calls (time_per_call_in_graph_ms), and its TFLOP/s and speedup."""
     B, H, _ = inp.q.shape
     K = inp.indices.shape[1]
     fn = lambda **c: api.sparse_decode(inp.q, inp.cache, inp.indices, impl=impl, **inp.kwargs(), **kw, **c)  # noqa: E731
@@ -104,6 +134,14 @@ def decode_row(impl, inp, *, graph=True, eager=True, baseline_us=None, **kw) -> 
         row["eager_unchecked_us"] = time_ms(lambda: fn(check_ranges=False)) * 1e3
     if graph:
         row["graph_us"] = time_ms(fn, graph=True) * 1e3
+    if layer_inputs:
+        calls = [lambda x=x: api.sparse_decode(x.q, x.cache, x.indices, impl=impl, **x.kwargs(), **kw)
+                 for x in layer_inputs]
+        row["graph_layer_us"] = time_per_call_in_graph_ms(calls) * 1e3
+        row["layers"] = len(layer_inputs)
+        row["tflops_layer"] = roofline.decode_flops(B, H, K) / (row["graph_layer_us"] * 1e-6) / 1e12
+        if baseline_layer_us:
+            row["speedup_vs_baseline_layer"] = baseline_layer_us / row["graph_layer_us"]
     us = row.get("graph_us", row.get("eager_us"))
     served = roofline.decode_served_bytes(B, H, K, heads_per_read(impl, H, B, K))
     floor = roofline.decode_floor_bytes(B, H, K)
@@ -156,25 +194,30 @@ def indexer_topk_row(inp, topk=512) -> dict:
 
 
 def decode_table(impls, batches, *, H=64, K=512, context=8192, page_size=64, baseline=None,
-                 graph=True, log=None) -> list[dict]:
+                 graph=True, log=None, layers=0) -> list[dict]:
     """Time ``impls`` at each batch size on the campaign's inputs (request b owns ``context``
     tokens of one paged cache, seed = B); one row per (impl, B), errors recorded, not raised.
     ``baseline`` (an impl in ``impls``, timed before the others) sets speedup_vs_baseline;
-    ``auto`` rows also carry the plan it picked. `record`, the CLI and the notebooks share this."""
+    ``auto`` rows also carry the plan it picked. ``layers`` > 1: also the time per call inside
+    a graph of that many calls on copies of the inputs (decode_row). `record`, the CLI and the
+    notebooks share this."""
     from .kernels import split_k
     from .kernels.head_batched import choose_tiles
     from .testing import make_decode_inputs
     rows = []
     for B in batches:
         inp = make_decode_inputs(B, H, K, context=context, page_size=page_size, seed=B)
-        base = None
+        copies = layer_copies(inp, layers) if graph and layers > 1 else None
+        base = base_layer = None
         for impl in impls:
             try:
-                row = decode_row(impl, inp, graph=graph, baseline_us=base)
+                row = decode_row(impl, inp, graph=graph, baseline_us=base, layer_inputs=copies,
+                                 baseline_layer_us=base_layer)
             except Exception as e:  # a failing impl is a row, not the end of the table
                 row = dict(impl=impl, B=B, error=repr(e)[:300])
             if impl == baseline:
                 base = row.get("graph_us", row.get("eager_us"))
+                base_layer = row.get("graph_layer_us")
             if impl == "auto":
                 p = split_k.choose(B, H, K)
                 row.update(plan_use=p.use, plan_nsplit=p.nsplit, plan_model_us=p.model_us,
@@ -185,7 +228,7 @@ def decode_table(impls, batches, *, H=64, K=512, context=8192, page_size=64, bas
             rows.append(row)
             if log:
                 log(row)
-        del inp
+        del inp, copies
         torch.cuda.empty_cache()
     return rows
 
@@ -197,8 +240,10 @@ def environment() -> dict:
          "device": info().as_dict(), "python": platform.python_version(),
          "torch": torch.__version__, "triton": triton.__version__,
          "split_k": {"partials": str(split_k.partials_dtype()), "merge": split_k.MERGE, "pdl": split_k.PDL},
-         "head_batched": {"dequant": "bits" if head_batched.dequant_bits() else "cvt",
-                          "fold_scale": head_batched.FOLD_SCALE}}
+         "head_batched": {use: {"dequant": "bits" if head_batched.dequant_bits(cfg) else "cvt",
+                                "fold_scale": head_batched.fold_scale(cfg)}
+                          for use, cfg in (("mma", head_batched.tile_config()),
+                                           ("split", head_batched.tile_config(split=True)))}}
     try:
         from .kernels import sglang_peer
         d["sglang_file"] = sglang_peer.sglang_file()

@@ -129,7 +129,7 @@ def test_scale_byte_limit_names_the_byte(inp, monkeypatch):
     from dsv4lab.api import _IMPLS
     from dsv4lab.kernels.common import MAX_SCALE_BYTE
     for impl in ("mma", "splitk", "auto"):      # what dequant_bits() gives on the GPU
-        monkeypatch.setattr(_IMPLS["sparse_decode"][impl], "max_scale_byte", lambda: MAX_SCALE_BYTE)
+        monkeypatch.setattr(_IMPLS["sparse_decode"][impl], "max_scale_byte", lambda B, H, K: MAX_SCALE_BYTE)
     dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl="mma")            # in range: runs
     tok = int(inp.indices[inp.indices >= 0][0])
     ps = inp.cache.page_size
@@ -139,3 +139,22 @@ def test_scale_byte_limit_names_the_byte(inp, monkeypatch):
             dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl=impl)
     dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl="simt")            # no such limit
     dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl="mma", check_ranges=False)
+
+
+def test_scale_byte_limit_follows_the_tile_entry(monkeypatch):
+    """The limit belongs to the launch a shape gets: a tile entry with the "bits" dequant has it,
+    one with "cvt" has none, and DSV4LAB_DEQUANT (module DEQUANT) overrides every entry. The
+    interpreter never takes "bits" (no inline assembly), so the GPU's answer is forced here."""
+    from dsv4lab.kernels import head_batched as hb
+    from dsv4lab.kernels.common import MAX_SCALE_BYTE
+    bits = hb.TileConfig(64, 128, 8, 1, dequant="bits", fold_scale=True)
+    cvt = hb.TileConfig(16, 64, 8, 1)
+    assert hb.max_scale_byte(bits) is None                # interpreter: always "cvt"
+    monkeypatch.setattr(hb, "is_interpret", lambda: False)
+    assert hb.max_scale_byte(bits) == MAX_SCALE_BYTE and hb.max_scale_byte(cvt) is None
+    assert hb.fold_scale(bits) and not hb.fold_scale(cvt)
+    monkeypatch.setattr(hb, "DEQUANT", "cvt")
+    monkeypatch.setattr(hb, "FOLD_SCALE", False)
+    assert hb.max_scale_byte(bits) is None and not hb.fold_scale(bits)
+    monkeypatch.setattr(hb, "DEQUANT", "bits")
+    assert hb.max_scale_byte(cvt) == MAX_SCALE_BYTE

@@ -242,25 +242,36 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
             tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
 
 
-#: How a tile's fp8 bytes become bf16 on the GPU (env DSV4LAB_DEQUANT): "cvt" (the conversion
-#: instructions) or "bits" (integer ops and one bf16x2 multiply, common.dequant_kv_bits). The
-#: interpreter always takes "cvt" (no inline assembly there). "bits" takes the 64x128 tile's loop
-#: from 2217 to 2055 SASS instructions (F2FP 256 -> 32) and is bitwise equal, but measured no
-#: faster on the H200 (data/runs/h200/ab_dequant.json, graph replay): B=128 mma 62.2 -> 61.6 us,
-#: B=32 41.0 -> 42.0, B=1 37.5 -> 38.8, splitk B=1 14.1 -> 14.8. The kernel waits on latency
-#: (memory, barriers, wgmma), not on the conversion pipe, so "cvt" stays the default. With loop 5
-#: (less memory wait) "bits" + FOLD_SCALE took B=128 from 58.6 to 57.5 us (ab_prefetch.json), but
-#: the switch is global and the 16-head tiles are slower with it.
-DEQUANT = os.environ.get("DSV4LAB_DEQUANT", "cvt")
-if DEQUANT not in ("bits", "cvt"):
-    raise ValueError(f"DSV4LAB_DEQUANT must be 'bits' or 'cvt', got {DEQUANT!r}")
-#: apply the softmax scale inside exp2's fused multiply-add (_attend_tile) (env DSV4LAB_FOLD_SCALE=1):
-#: 2217 -> 2167 instructions a tile, within +-0.5% in time (ab_dequant.json); off by default
-FOLD_SCALE = os.environ.get("DSV4LAB_FOLD_SCALE", "0") == "1"
+#: How a tile's fp8 bytes become bf16 on the GPU: "cvt" (the conversion instructions) or "bits"
+#: (integer ops and one bf16x2 multiply, common.dequant_kv_bits; bitwise equal, needs scale
+#: bytes <= MAX_SCALE_BYTE). Chosen per tile entry (TileConfig.dequant); env DSV4LAB_DEQUANT=cvt
+#: or =bits overrides every entry (the A/B tools). The interpreter always takes "cvt" (no inline
+#: assembly there). What was measured (graph replay, H200): with loop 4 "bits" was no faster
+#: (ab_dequant.json: B=128 62.2 -> 61.6 us, 16-head tiles at B=1 14.1 -> 14.8): the kernel then
+#: waited on memory. With loop 5 (less memory wait) "bits" + FOLD_SCALE took the 64-head tiles
+#: from 58.6 to 57.5 us at B=128 and were faster at every B measured (ab_prefetch.json), so the
+#: H200 "mma" entry uses both; the 16-head "split" entry stays "cvt".
+DEQUANT = os.environ.get("DSV4LAB_DEQUANT") or None
+if DEQUANT not in (None, "bits", "cvt"):
+    raise ValueError(f"DSV4LAB_DEQUANT must be 'bits' or 'cvt' (or unset: per tile entry), got {DEQUANT!r}")
+#: apply the softmax scale inside exp2's fused multiply-add (_tile_update): per tile entry
+#: (TileConfig.fold_scale); env DSV4LAB_FOLD_SCALE=1 or =0 overrides every entry
+FOLD_SCALE = {"1": True, "0": False, "": None}.get(os.environ.get("DSV4LAB_FOLD_SCALE", ""), "bad")
+if FOLD_SCALE == "bad":
+    raise ValueError(f"DSV4LAB_FOLD_SCALE must be 0 or 1 (or unset: per tile entry), "
+                     f"got {os.environ['DSV4LAB_FOLD_SCALE']!r}")
 
 
-def dequant_bits() -> bool:
-    return DEQUANT == "bits" and not is_interpret()
+def dequant_bits(cfg=None) -> bool:
+    """Whether launches of ``cfg`` (default: this device's "mma" entry) take the "bits" dequant."""
+    if is_interpret():
+        return False
+    return (DEQUANT or (cfg or tile_config()).dequant) == "bits"
+
+
+def fold_scale(cfg=None) -> bool:
+    """Whether launches of ``cfg`` (default: the "mma" entry) fold the scale into exp2's FMA."""
+    return (cfg or tile_config()).fold_scale if FOLD_SCALE is None else FOLD_SCALE
 
 
 @dataclass(frozen=True)
@@ -277,6 +288,8 @@ class TileConfig:
     us_per_tile: float | None = None   # measured: a program's time per BLOCK_N tile (the slope)
     fixed_us: float = 0.0              # measured: a launch's time beyond its tiles (the intercept)
     merge_us: float = 3.0              # measured: what split-K's merge adds to a launch of these tiles
+    dequant: str = "cvt"               # "cvt" or "bits" (DEQUANT)
+    fold_scale: bool = False           # FOLD_SCALE
 
 
 #: Tile choices per (device, use). "mma": the throughput tiles (64 heads per program: the
@@ -292,8 +305,10 @@ class TileConfig:
 #: of the NSPLIT sweep: time = fixed_us + tiles per program x us_per_tile (+ merge).
 TILE_TABLE = {
     ("9.0", "mma"): TileConfig(64, 128, 8, 1, "H200 sweep, data/runs/h200/tiles.json (fastest at B=128); "
-                               "loop 5 from ab_prefetch.json (B=128 62.1 -> 58.6 us); costs from split.json",
-                               prefetch=5, us_per_tile=9.856, fixed_us=8.67, merge_us=2.46),
+                               "loop 5 from ab_prefetch.json (B=128 62.1 -> 58.6 us), bits + fold from the "
+                               "same run (58.6 -> 57.5 us); costs from split.json",
+                               prefetch=5, us_per_tile=9.856, fixed_us=8.67, merge_us=2.46,
+                               dequant="bits", fold_scale=True),
     ("9.0", "split"): TileConfig(16, 64, 8, 1, "H200 sweep, data/runs/h200/split.json (fastest at B=1)",
                                  prefetch=2, us_per_tile=3.518, fixed_us=9.57, merge_us=0.56),
     ("12.0", "mma"): TileConfig(64, 16, 8, 1, "paper estimate for RTX PRO 6000 (sm_120): not measured"),
@@ -375,7 +390,7 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, *, nsplit
         HAS_TOPK_LEN=topk_len is not None, HAS_SINK=attn_sink is not None, SPLIT=split,
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, D=D, NOPE=448, DOT=dot_dtype(),
         LAZY_RESCALE=cfg.lazy_rescale, PREFETCH=_prefetch_mode(cfg.prefetch),
-        LAUNCH_DEPENDENTS=pdl, DEQUANT_BITS=dequant_bits(), FOLD_SCALE=FOLD_SCALE, TRACE=trace,
+        LAUNCH_DEPENDENTS=pdl, DEQUANT_BITS=dequant_bits(cfg), FOLD_SCALE=fold_scale(cfg), TRACE=trace,
         **_merge_args(merge_into, B, H, nsplit, cfg),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
@@ -410,10 +425,10 @@ def sparse_decode_mma(q, cache, indices, *, topk_len, sm_scale, attn_sink, cfg=N
     return finish(out), lse
 
 
-def max_scale_byte():
-    """The largest UE8M0 scale byte this kernel reads correctly: common.MAX_SCALE_BYTE with the
-    "bits" dequant (2^(e-7) must be a finite bf16), any with "cvt"."""
-    return MAX_SCALE_BYTE if dequant_bits() else None
+def max_scale_byte(cfg=None):
+    """The largest UE8M0 scale byte launches of ``cfg`` read correctly: common.MAX_SCALE_BYTE with
+    the "bits" dequant (2^(e-7) must be a finite bf16), None (any) with "cvt"."""
+    return MAX_SCALE_BYTE if dequant_bits(cfg) else None
 
 
-sparse_decode_mma.max_scale_byte = max_scale_byte
+sparse_decode_mma.max_scale_byte = lambda B, H, K: max_scale_byte(choose_tiles(B, H, K))

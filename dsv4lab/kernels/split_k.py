@@ -229,7 +229,7 @@ def sparse_decode_splitk(q, cache, indices, *, topk_len, sm_scale, attn_sink):
                                attn_sink=attn_sink, nsplit=plan.nsplit, cfg=plan.cfg)
 
 
-sparse_decode_splitk.max_scale_byte = head_batched.max_scale_byte   # the same kernel body
+sparse_decode_splitk.max_scale_byte = lambda B, H, K: head_batched.max_scale_byte(choose_split(B, H, K).cfg)
 
 
 @register("sparse_decode", "auto")
@@ -240,4 +240,4 @@ def sparse_decode_auto(q, cache, indices, *, topk_len, sm_scale, attn_sink):
                                attn_sink=attn_sink, nsplit=plan.nsplit, cfg=plan.cfg)
 
 
-sparse_decode_auto.max_scale_byte = head_batched.max_scale_byte
+sparse_decode_auto.max_scale_byte = lambda B, H, K: head_batched.max_scale_byte(choose(B, H, K).cfg)

@@ -1,0 +1,114 @@
+"""Decode launches timed the way a decode step runs them: per call inside one CUDA graph of
+LAYERS calls on their own copies of the inputs (bench.time_per_call_in_graph_ms), beside the
+one-call graph every other table uses. One JSON.
+
+    python tools/ab_layers.py OUT.json
+
+Why: an empty kernel in a one-call graph already measures 4.2 us (launch_floor.json), a third of
+split-K's 14 us at B=1; SGLang captures a whole decode step (all layers) in one graph, so there a
+call pays its kernels and the gaps between graph nodes, not a graph launch. Variants at small B
+(split-K's regime): the table's plans, PDL for the combine launch, the fused merge, 32-token
+slices (NSPLIT 16); at B=128 the 64-head tiles with the table's dequant ("bits" + folded scale)
+and with "cvt". Each variant is checked first (poisoned outputs, float64 reference, topk_len, -1
+padding, sink), and the in-graph replay compared bitwise with eager calls; times are do_bench
+medians (L2 flushed before each replay), the variants interleaved, best of 2 passes.
+"""
+import dataclasses
+import json
+import sys
+
+import torch
+from triton.testing import do_bench
+
+from dsv4lab import api, bench, reference
+from dsv4lab.kernels import head_batched, split_k
+from dsv4lab.testing import LSE_TOL, OUT_TOL, make_decode_inputs, poisoned, rel_err
+
+H, K, SCALE, LAYERS = 64, 512, 512 ** -0.5, 8
+SPLIT = head_batched.tile_config(H, split=True)
+MMA = head_batched.tile_config(H)
+S32 = dataclasses.replace(SPLIT, block_n=32, num_warps=4)      # tiles.json: 16x32 w4 p2, 3 us a tile
+
+
+def _impl(name, pdl=False):
+    def run(x):
+        split_k.PDL = pdl
+        return api.sparse_decode(x.q, x.cache, x.indices, impl=name, check_ranges=False, **x.kwargs())
+    return run
+
+
+def _split(cfg, nsplit, merge="launch", pdl=False, dequant=None, fold=None):
+    def run(x):
+        split_k.PDL = pdl
+        head_batched.DEQUANT, head_batched.FOLD_SCALE = dequant, fold
+        return split_k.sparse_decode_split(x.q, x.cache, x.indices, topk_len=x.topk_len, sm_scale=SCALE,
+                                           attn_sink=x.attn_sink, nsplit=nsplit, cfg=cfg, merge=merge)
+    return run
+
+
+SMALL = {
+    "mma (table)": _impl("mma"),
+    "splitk (table)": _impl("splitk"),
+    "splitk (table) + PDL": _impl("splitk", pdl=True),
+    "16x64 NSPLIT 8 fused merge": _split(SPLIT, 8, merge="fused"),
+    "16x32w4 NSPLIT 16": _split(S32, 16),
+    "16x32w4 NSPLIT 16 + PDL": _split(S32, 16, pdl=True),
+}
+LARGE = {
+    "mma (table: bits + fold)": _split(MMA, 1),
+    "mma cvt, no fold": _split(MMA, 1, dequant="cvt", fold=False),
+    "auto (table)": _impl("auto"),
+}
+SHAPES = [(1, SMALL), (2, SMALL), (4, SMALL), (32, {"auto (table)": _impl("auto"), "mma (table)": _impl("mma")}),
+          (128, LARGE)]
+
+
+def _reset():
+    split_k.PDL = False
+    head_batched.DEQUANT, head_batched.FOLD_SCALE = None, None
+
+
+def main(path):
+    rows = []
+    chk = make_decode_inputs(3, H, K, context=1500, topk_len=True, sink=True, pad_frac=0.1, seed=41)
+    ro, rl = reference.sparse_decode(chk.q, chk.cache, chk.indices, sm_scale=SCALE, **chk.kwargs())
+    for name, fn in {**SMALL, **LARGE}.items():
+        with poisoned():
+            o, lse = fn(chk)
+        row = dict(kind="check", variant=name, out_err=rel_err(o.float(), ro), lse_err=rel_err(lse, rl))
+        row["ok"] = row["out_err"] <= OUT_TOL and row["lse_err"] <= LSE_TOL
+        rows.append(row)
+        print(row, flush=True)
+        _reset()
+    for B, variants in SHAPES:
+        inp = make_decode_inputs(B, H, K, context=8192, seed=900 + B)
+        copies = bench.layer_copies(inp, LAYERS)
+        graphs, best = {}, {}
+        for name, fn in variants.items():
+            eager = [tuple(t.clone() for t in fn(x)) for x in copies]
+            g1, _ = bench.capture(lambda: fn(inp))                          # noqa: B023
+            gl, res = bench.capture(lambda: [fn(x) for x in copies])        # noqa: B023
+            gl.replay()
+            torch.cuda.synchronize()
+            same = all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(res, eager))
+            graphs[name] = (g1, gl, same)
+            _reset()
+        for _ in range(2):
+            for name, (g1, gl, _) in graphs.items():
+                one = do_bench(g1.replay, warmup=25, rep=100, return_mode="median") * 1e3
+                per = do_bench(gl.replay, warmup=25, rep=100, return_mode="median") * 1e3 / LAYERS
+                a, b = best.get(name, (one, per))
+                best[name] = (min(a, one), min(b, per))
+        for name, (one, per) in best.items():
+            rows.append(dict(kind="time", B=B, variant=name, graph_us=one, graph_layer_us=per, layers=LAYERS,
+                             layer_graph_bitwise=graphs[name][2],
+                             tflops_layer=4 * H * K * 512 * B / (per * 1e-6) / 1e12))
+            print(rows[-1], flush=True)
+        del inp, copies, graphs
+        torch.cuda.empty_cache()
+    json.dump({**bench.environment(), "part": "ab_layers", "rows": rows,
+               "launch_floor": bench.launch_floor_us()}, open(path, "w"), indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
