@@ -68,11 +68,26 @@ def test_merge_cost_grows_with_partials(partials):
 def test_pdl_is_never_asked_of_the_interpreter(monkeypatch):
     # griddepcontrol is PTX: the interpreter must get a plain launch even with PDL switched on
     from dsv4lab.device import is_interpret
-    monkeypatch.setattr(split_k, "PDL", True)
+    monkeypatch.setattr(split_k, "PDL", "1")
     if is_interpret():
-        assert split_k.pdl_kwargs() == {}
+        assert split_k.pdl_kwargs(1) == {}
     else:
-        assert split_k.pdl_kwargs() in ({}, {"USE_GDC": True, "launch_pdl": True})
+        assert split_k.pdl_kwargs(1) in ({}, {"USE_GDC": True, "launch_pdl": True})
+
+
+def test_pdl_auto_only_on_a_half_empty_grid(monkeypatch):
+    # "auto": PDL when the split launch leaves at least half the SMs idle, never on a fuller grid,
+    # "0" never, "1" always (on a GPU that has it: forced here)
+    from dsv4lab.kernels import head_batched
+    monkeypatch.setattr(split_k, "use_pdl", lambda: True)
+    monkeypatch.setattr(head_batched, "sm_count", lambda: 132)
+    on = {"USE_GDC": True, "launch_pdl": True}
+    monkeypatch.setattr(split_k, "PDL", "auto")
+    assert split_k.pdl_kwargs(66) == on and split_k.pdl_kwargs(67) == {} and split_k.pdl_kwargs(None) == {}
+    monkeypatch.setattr(split_k, "PDL", "0")
+    assert split_k.pdl_kwargs(1) == {}
+    monkeypatch.setattr(split_k, "PDL", "1")
+    assert split_k.pdl_kwargs(1000) == on
 
 
 def test_fit_costs_recovers_the_model_it_fits():

@@ -2,7 +2,7 @@
 LAYERS calls on their own copies of the inputs (bench.time_per_call_in_graph_ms), beside the
 one-call graph every other table uses. One JSON.
 
-    python tools/ab_layers.py OUT.json
+    python tools/ab_layers.py OUT.json      (SMALL / LARGE: the variants of the last run; RUN1_*: the first's)
 
 Why: an empty kernel in a one-call graph already measures 4.2 us (launch_floor.json), a third of
 split-K's 14 us at B=1; SGLang captures a whole decode step (all layers) in one graph, so there a
@@ -30,14 +30,14 @@ MMA = head_batched.tile_config(H)
 S32 = dataclasses.replace(SPLIT, block_n=32, num_warps=4)      # tiles.json: 16x32 w4 p2, 3 us a tile
 
 
-def _impl(name, pdl=False):
+def _impl(name, pdl="auto"):
     def run(x):
         split_k.PDL = pdl
         return api.sparse_decode(x.q, x.cache, x.indices, impl=name, check_ranges=False, **x.kwargs())
     return run
 
 
-def _split(cfg, nsplit, merge="launch", pdl=False, dequant=None, fold=None):
+def _split(cfg, nsplit, merge="launch", pdl="0", dequant=None, fold=None):
     def run(x):
         split_k.PDL = pdl
         head_batched.DEQUANT, head_batched.FOLD_SCALE = dequant, fold
@@ -46,25 +46,51 @@ def _split(cfg, nsplit, merge="launch", pdl=False, dequant=None, fold=None):
     return run
 
 
-SMALL = {
+def _splitk_loop(prefetch, pdl="auto"):
+    """splitk's plan for the shape with the split entry's loop replaced"""
+    def run(x):
+        plan = split_k.choose_split(x.q.shape[0], H, x.indices.shape[1])
+        split_k.PDL = pdl
+        return split_k.sparse_decode_split(x.q, x.cache, x.indices, topk_len=x.topk_len, sm_scale=SCALE,
+                                           attn_sink=x.attn_sink, nsplit=plan.nsplit,
+                                           cfg=dataclasses.replace(plan.cfg, prefetch=prefetch))
+    return run
+
+
+#: run 1 (ab_layers.json): the table's plans, PDL, the fused merge, 32-token slices, the dequant
+RUN1_SMALL = {
     "mma (table)": _impl("mma"),
-    "splitk (table)": _impl("splitk"),
-    "splitk (table) + PDL": _impl("splitk", pdl=True),
+    "splitk (table)": _impl("splitk", pdl="0"),
+    "splitk (table) + PDL": _impl("splitk", pdl="1"),
     "16x64 NSPLIT 8 fused merge": _split(SPLIT, 8, merge="fused"),
     "16x32w4 NSPLIT 16": _split(S32, 16),
-    "16x32w4 NSPLIT 16 + PDL": _split(S32, 16, pdl=True),
+    "16x32w4 NSPLIT 16 + PDL": _split(S32, 16, pdl="1"),
 }
-LARGE = {
+RUN1_LARGE = {
     "mma (table: bits + fold)": _split(MMA, 1),
     "mma cvt, no fold": _split(MMA, 1, dequant="cvt", fold=False),
     "auto (table)": _impl("auto"),
 }
-SHAPES = [(1, SMALL), (2, SMALL), (4, SMALL), (32, {"auto (table)": _impl("auto"), "mma (table)": _impl("mma")}),
-          (128, LARGE)]
+#: run 2 (ab_layers2.json): PDL "auto", loop 2 without the dequant past a slice's end (the table's
+#: split entry) against loops 4 and 0, and the 64-head tile's loop 8 (tile 1's hint at the start)
+SMALL = {
+    "mma (table)": _impl("mma"),
+    "splitk (table, PDL auto)": _impl("splitk"),
+    "splitk (table, PDL off)": _impl("splitk", pdl="0"),
+    "splitk, split entry loop 4": _splitk_loop(4),
+    "splitk, split entry loop 0": _splitk_loop(0),
+}
+LARGE = {
+    "mma (table: loop 5)": _split(MMA, 1),
+    "mma loop 8": _split(dataclasses.replace(MMA, prefetch=8), 1),
+    "auto (table)": _impl("auto"),
+}
+SHAPES = [(1, SMALL), (2, SMALL), (4, SMALL), (8, SMALL),
+          (32, {"auto (table)": _impl("auto"), "mma (table)": _impl("mma")}), (64, LARGE), (128, LARGE)]
 
 
 def _reset():
-    split_k.PDL = False
+    split_k.PDL = "auto"
     head_batched.DEQUANT, head_batched.FOLD_SCALE = None, None
 
 

@@ -135,7 +135,10 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
             x, e, r = load_kv_raw(KV_FP8, KV_U8, KV_BF16, tok_next, valid_next, PAGE_SIZE, PAGE_BYTES, NOPE, D)
             tok_next = tl.load(row + start + 2 * BLOCK_N + t, mask=start + 2 * BLOCK_N + t < hi, other=-1)
             m_i, l_i, acc = _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, LAZY_RESCALE, FOLD_SCALE)
-            kv = dequant_kv(x, e, r, NOPE, D, DOT, DEQUANT_BITS)
+            if start + BLOCK_N < hi:
+                # no dequant of a tile past the slice: on a one-tile slice (split-K at small B)
+                # it would sit between the only tile and the stores
+                kv = dequant_kv(x, e, r, NOPE, D, DOT, DEQUANT_BITS)
             valid = valid_next
     elif PREFETCH == 1 or PREFETCH == 3:
         # Indices run two tiles ahead of the gather and the bytes of the next tile are
@@ -176,6 +179,11 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
         # tiles ahead (tile i + 2 after tile i's Q @ K^T; tile 1 after tile 0's), so a tile's
         # bytes have a whole tile's time to arrive. GPU only; no hint past the slice's end.
         tok_next = tl.load(row + lo + t, mask=lo + t < hi, other=-1)
+        if PREFETCH == 8:
+            # as 5, and tile 1's bytes requested at once: they queue behind tile 0's gather on
+            # HBM instead of waiting until tile 0's Q @ K^T is done
+            tok1 = tl.load(row + lo + BLOCK_N + t, mask=lo + BLOCK_N + t < hi, other=-1)
+            prefetch_kv_l2_bulk(KV_U8, tok1, tok1 >= 0, PAGE_SIZE, PAGE_BYTES)
         if PREFETCH == 7:
             tok_next2 = tl.load(row + lo + BLOCK_N + t, mask=lo + BLOCK_N + t < hi, other=-1)
         for start in range(lo, hi, BLOCK_N):
@@ -197,7 +205,10 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
             elif start + BLOCK_N < hi:
                 if PREFETCH == 5:
                     prefetch_kv_l2_bulk(KV_U8, tok_next, tok_next >= 0, PAGE_SIZE, PAGE_BYTES)
-                else:
+                elif PREFETCH == 8:
+                    if start > lo:                      # tile 1's went out at the start
+                        prefetch_kv_l2_bulk(KV_U8, tok_next, tok_next >= 0, PAGE_SIZE, PAGE_BYTES)
+                elif PREFETCH == 6:
                     prefetch_kv_l2(KV_U8, tok_next, tok_next >= 0, PAGE_SIZE, PAGE_BYTES)
             m_i, l_i, acc = _tile_update(s, kv, m_i, l_i, acc, qk_scale, LAZY_RESCALE, FOLD_SCALE)
     else:
@@ -284,7 +295,7 @@ class TileConfig:
     lazy_rescale: bool = False
     prefetch: int = 0                  # 0: Triton's pipeliner, 1: L2 hint, 2: registers, 3: bulk L2 hint,
                                        # 4: indices one tile ahead, 5/6: 4 + bulk/line L2 hint after QK,
-                                       # 7: 5 two tiles ahead
+                                       # 7: 5 two tiles ahead, 8: 5 + tile 1's hint at the start
     us_per_tile: float | None = None   # measured: a program's time per BLOCK_N tile (the slope)
     fixed_us: float = 0.0              # measured: a launch's time beyond its tiles (the intercept)
     merge_us: float = 3.0              # measured: what split-K's merge adds to a launch of these tiles
@@ -398,7 +409,7 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, *, nsplit
 def _prefetch_mode(prefetch: int) -> int:
     """The interpreter cannot run the L2 hints (PTX): it takes the same loop without them."""
     if is_interpret():
-        return {1: 0, 3: 0, 5: 4, 6: 4, 7: 4}.get(prefetch, prefetch)
+        return {1: 0, 3: 0, 5: 4, 6: 4, 7: 4, 8: 4}.get(prefetch, prefetch)
     return prefetch
 
 

@@ -133,14 +133,22 @@ def combine(o_part, lse_part, attn_sink, out, lse, *, heads=None, num_warps=None
         num_warps=num_warps, TRACE=trace, **pdl)
 
 
-def pdl_kwargs() -> dict:
-    """Launch options for the combine kernel: PDL where the GPU has it (common.use_pdl) and
-    ``dsv4lab.kernels.split_k.PDL`` is on (env DSV4LAB_PDL=1). Off by default until a
-    recorded GPU run has checked it (correctness, graph replay) and measured its worth."""
-    return dict(USE_GDC=True, launch_pdl=True) if PDL and use_pdl() else {}
+def pdl_kwargs(programs: int | None = None) -> dict:
+    """Launch options for the combine kernel after a split launch of ``programs`` programs: PDL
+    where the GPU has it (common.use_pdl) and PDL says so. "auto" (default): only when the split
+    grid leaves at least half the SMs idle, where the combine's programs, launched early, wait
+    on SMs nobody else needs; on a fuller grid they sit beside split programs and the pair was
+    slower. Measured (graph replay, H200, us, off -> on): B=1 13.8 -> 13.0 (32 split programs),
+    B=2 13.6 -> 13.4 (64), B=4 14.2 -> 15.0 (128; ab_layers.json); B=8 18.7 -> 19.1 (pdl_on/)."""
+    on = PDL == "1" or (PDL == "auto" and programs is not None and 2 * programs <= head_batched.sm_count())
+    return dict(USE_GDC=True, launch_pdl=True) if on and use_pdl() else {}
 
 
-PDL = os.environ.get("DSV4LAB_PDL", "0") == "1"
+#: programmatic dependent launch of the combine kernel (env DSV4LAB_PDL): "auto" (pdl_kwargs'
+#: rule), "1" always, "0" never
+PDL = os.environ.get("DSV4LAB_PDL", "auto")
+if PDL not in ("auto", "0", "1"):
+    raise ValueError(f"DSV4LAB_PDL must be 'auto', '0' or '1', got {PDL!r}")
 #: "launch": a combine kernel merges (default); "fused": the last slice of each row merges
 #: inside the split launch. With fp32 partials fused was slower on the H200 at all but one
 #: launch shape, where it tied (B=1 13.6 -> 16.5 us, B=32 32.7 -> 38.3;
@@ -206,7 +214,7 @@ def sparse_decode_split(q, cache, indices, *, topk_len, sm_scale, attn_sink, nsp
         head_batched.launch(q, cache, indices, topk_len, sm_scale, attn_sink, o_part, lse_part,
                             nsplit=nsplit, cfg=cfg, merge_into=(out, lse, counters))
         return finish(out), lse
-    pdl = pdl_kwargs()
+    pdl = pdl_kwargs(B * triton.cdiv(H, cfg.block_h) * nsplit)
     head_batched.launch(q, cache, indices, topk_len, sm_scale, None, o_part, lse_part,
                         nsplit=nsplit, cfg=cfg, pdl=bool(pdl))
     combine(o_part, lse_part, attn_sink, out, lse, **pdl)
