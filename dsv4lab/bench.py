@@ -45,6 +45,12 @@ def time_ms(fn, *, graph=False, warmup=25, rep=100) -> float:
     return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
+#: calls per graph for the in-graph time per call (time_per_call_in_graph_ms), as in a captured
+#: decode step: DSv4-Flash has 43 layers; 8 copies of the inputs already make the graph launch a
+#: small share of the step and keep B=128's copies at ~5 GB
+LAYERS = 8
+
+
 def time_per_call_in_graph_ms(fns, *, warmup=25, rep=100) -> float:
     """Median milliseconds per call of one CUDA graph that runs ``fns[0](), fns[1](), ...`` back
     to back, L2 flushed before each replay (do_bench). Each fn works on its own buffers, like the

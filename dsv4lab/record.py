@@ -72,14 +72,8 @@ def run_checks(impls=DECODE_IMPLS) -> list[dict]:
     return rows
 
 
-#: calls per graph for the in-graph time per call (bench.time_per_call_in_graph_ms), as in a
-#: captured decode step: DSv4-Flash has 43 layers; 8 copies of the inputs already make the graph
-#: launch a small share of the step and keep B=128's copies at ~5 GB
-LAYERS = 8
-
-
 def run_decode(impls=DECODE_IMPLS, batches=BATCHES, H=64, K=512, context=8192, page_size=64,
-               layers=LAYERS) -> list[dict]:
+               layers=bench.LAYERS) -> list[dict]:
     """Every stage at each B, speedups against SGLang's kernel measured in the same run: in a
     one-call graph (graph_us) and per call in a graph of ``layers`` calls (graph_layer_us)."""
     def log(row):

@@ -136,17 +136,18 @@ def campaign(name: str) -> pd.DataFrame:
     raise FileNotFoundError(f"no campaign table {name!r}; have {sorted(p.stem for p in folder.glob('*.csv'))}")
 
 
-def measure_decode(impls, batches, shapes=None) -> pd.DataFrame:
+def measure_decode(impls, batches, shapes=None, layers=None) -> pd.DataFrame:
     """Time ``impls`` at each batch size live (GPU only), with the recorded table's columns.
 
-    Same inputs as the recorded run: ``shapes.context`` tokens per request, pages of 64.
+    Same inputs as the recorded run: ``shapes.context`` tokens per request, pages of 64, and
+    the time per call in a graph of ``layers`` calls (default bench.LAYERS; 0: skip it).
     The first impl in ``impls`` is the baseline for ``speedup_vs_baseline``.
     """
     from . import bench
     from .config import shapes as _shapes
     s = shapes or _shapes()
     rows = bench.decode_table(impls, batches, H=s.heads, K=s.topk, context=s.context, page_size=s.page_size,
-                              baseline=impls[0])
+                              baseline=impls[0], layers=bench.LAYERS if layers is None else layers)
     return pd.DataFrame(rows)
 
 

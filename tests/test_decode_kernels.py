@@ -188,3 +188,28 @@ def test_partials_default_is_fp32_in_the_interpreter(monkeypatch):
     split_k.sparse_decode_split(inp.q, inp.cache, inp.indices, topk_len=None, sm_scale=512**-0.5, attn_sink=None,
                                 nsplit=2, cfg=cfg)
     assert _only_workspace(split_k) == split_k.partials_dtype()
+
+
+def test_layer_copies_are_new_memory_with_the_same_values():
+    # in-graph timing runs each "layer" on its own copy: no call may read bytes another left in L2
+    from dsv4lab import bench
+    inp = make_decode_inputs(2, 16, 40, context=100, topk_len=True, sink=True, seed=5)
+    copies = bench.layer_copies(inp, 3)
+    assert len(copies) == 3 and copies[0] is inp
+    ptrs = {(x.q.data_ptr(), x.indices.data_ptr(), x.cache.buffer.data_ptr()) for x in copies}
+    assert len({p for t in ptrs for p in t}) == 9                      # nine distinct buffers
+    for x in copies[1:]:
+        assert torch.equal(x.q, inp.q) and torch.equal(x.indices, inp.indices)
+        assert torch.equal(x.cache.buffer, inp.cache.buffer) and x.cache.page_size == inp.cache.page_size
+        out = dsv4lab.sparse_decode(x.q, x.cache, x.indices, impl="mma", **x.kwargs())
+        ref = dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl="mma", **inp.kwargs())
+        assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+
+
+def test_in_graph_timing_refuses_the_interpreter():
+    from dsv4lab import bench
+    from dsv4lab.device import mode
+    if mode() == "cuda":
+        pytest.skip("on a GPU it times")
+    with pytest.raises(RuntimeError, match="timings need a CUDA GPU"):
+        bench.time_per_call_in_graph_ms([lambda: None])

@@ -24,7 +24,7 @@ from dsv4lab import api, bench, reference
 from dsv4lab.kernels import head_batched, split_k
 from dsv4lab.testing import LSE_TOL, OUT_TOL, make_decode_inputs, poisoned, rel_err
 
-H, K, SCALE, LAYERS = 64, 512, 512 ** -0.5, 8
+H, K, SCALE, LAYERS = 64, 512, 512 ** -0.5, bench.LAYERS
 SPLIT = head_batched.tile_config(H, split=True)
 MMA = head_batched.tile_config(H)
 S32 = dataclasses.replace(SPLIT, block_n=32, num_warps=4)      # tiles.json: 16x32 w4 p2, 3 us a tile
