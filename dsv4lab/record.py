@@ -84,17 +84,20 @@ def run_decode(impls=DECODE_IMPLS, batches=BATCHES, H=64, K=512, context=8192, p
                               baseline="sglang", log=log, layers=layers)
 
 
-#: (BLOCK_H, BLOCK_N, warps, stages, prefetch, lazy rescale). Configs the offline compiler
+#: (BLOCK_H, BLOCK_N, warps, stages, prefetch, lazy rescale[, dequant, fold the scale]; default
+#: "cvt", no fold: head_batched.DEQUANT, FOLD_SCALE). Configs the offline compiler
 #: report (dsv4lab.compile_report, sm_90a) shows with no or few spills; the rest spill
 #: kilobytes per thread and were not timed. prefetch 0/1/2/3/4 = the kernel's loops
 #: (Triton's pipeliner / L2 hint / register pipeline / bulk L2 hint / indices ahead, head_batched.py); 64x64 s2 p0 is the
-#: first stage-2 kernel, kept as the reference point, with and without the lazy rescale.
+#: first stage-2 kernel, kept as the reference point, with and without the lazy rescale; loop 5
+#: (indices ahead + the next tile's L2 hint after QK) with either dequant closes the list.
 TILE_CANDIDATES = [(64, 64, 8, 2, 0, False), (64, 64, 8, 2, 0, True), (64, 64, 8, 1, 1, False),
                    (64, 32, 8, 1, 0, False), (64, 32, 8, 3, 0, False), (64, 32, 8, 1, 1, False),
                    (64, 32, 8, 1, 2, False), (64, 16, 8, 1, 2, False), (64, 128, 8, 1, 1, False),
                    (64, 128, 8, 1, 0, False), (64, 128, 8, 1, 3, False), (64, 128, 8, 1, 4, False), (16, 64, 8, 1, 3, False),
                    (16, 16, 4, 1, 0, False), (16, 32, 8, 2, 0, False), (16, 32, 4, 1, 2, False),
-                   (16, 64, 8, 1, 0, False), (16, 64, 8, 1, 1, False), (16, 64, 8, 1, 2, False)]
+                   (16, 64, 8, 1, 0, False), (16, 64, 8, 1, 1, False), (16, 64, 8, 1, 2, False),
+                   (64, 128, 8, 1, 5, False, "cvt", False), (64, 128, 8, 1, 5, False, "bits", True)]
 CHOSEN: dict = {}
 
 
@@ -106,9 +109,11 @@ def time_tiles(candidates, batches=(1, 8, 32, 128), H=64, K=512, context=8192) -
     inputs = {B: make_decode_inputs(B, H, K, context=context, seed=100 + B) for B in batches}
     chk = make_decode_inputs(4, H, K, context=1024, topk_len=True, sink=True, pad_frac=0.1, seed=5)
     ro, rl = reference.sparse_decode(chk.q, chk.cache, chk.indices, sm_scale=512**-0.5, **chk.kwargs())
-    for bh, bn, nw, ns, pf, lazy in candidates:
-        cfg = head_batched.TileConfig(bh, bn, nw, ns, "sweep", lazy, pf)
-        row = dict(block_h=bh, block_n=bn, num_warps=nw, num_stages=ns, prefetch=pf, lazy_rescale=lazy)
+    for bh, bn, nw, ns, pf, lazy, *rest in candidates:
+        dq, fold = rest or ("cvt", False)
+        cfg = head_batched.TileConfig(bh, bn, nw, ns, "sweep", lazy, pf, dequant=dq, fold_scale=fold)
+        row = dict(block_h=bh, block_n=bn, num_warps=nw, num_stages=ns, prefetch=pf, lazy_rescale=lazy,
+                   dequant=dq, fold_scale=fold)
         try:
             with poisoned():
                 out, lse = head_batched.sparse_decode_mma(chk.q, chk.cache, chk.indices, sm_scale=512**-0.5,
@@ -178,17 +183,21 @@ def run_split(batches=BATCHES, splits=(1, 2, 4, 8, 16), H=64, K=512, context=819
     head_batched.TILE_TABLE[(cap, "split")] = min(fitted[1:], key=lambda c: _b1_best(rows, c))
     for r in rows:                                 # what auto's model picks, with the fitted figures
         p = split_k.choose(r["B"], H, K)
-        r["model_choice"] = r["nsplit"] == p.nsplit and all(r[k] == getattr(p.cfg, k) for k in _CFG_KEYS)
+        r["model_choice"] = r["nsplit"] == p.nsplit and _same(r, p.cfg)
     CHOSEN["split"] = {k: getattr(head_batched.TILE_TABLE[(cap, "split")], k) for k in _CFG_KEYS}
     _log("chosen split", CHOSEN["split"], "fitted", fitted)
     return rows
 
 
-_CFG_KEYS = ("block_h", "block_n", "num_warps", "num_stages", "lazy_rescale", "prefetch")
+_CFG_KEYS = ("block_h", "block_n", "num_warps", "num_stages", "lazy_rescale", "prefetch", "dequant", "fold_scale")
+
+
+#: what a sweep row without a key (recorded before the key existed) ran with
+_ROW_DEFAULTS = {"dequant": "cvt", "fold_scale": False}
 
 
 def _same(row, cfg):
-    return all(row[k] == getattr(cfg, k) for k in _CFG_KEYS)
+    return all(row.get(k, _ROW_DEFAULTS.get(k)) == getattr(cfg, k) for k in _CFG_KEYS)
 
 
 def _b1_best(rows, cfg):
@@ -221,7 +230,8 @@ def _cfg(row, source):
     fit_costs replaces them)."""
     per = row["us_B1"] / row["tiles"] if row.get("us_B1") else None
     return head_batched.TileConfig(*(row[k] for k in _CFG_KEYS[:4]), source, row["lazy_rescale"],
-                                   row.get("prefetch", 0), us_per_tile=per)
+                                   row.get("prefetch", 0), us_per_tile=per, dequant=row.get("dequant", "cvt"),
+                                   fold_scale=row.get("fold_scale", False))
 
 
 INDEXER_IMPLS = ["torch_fp32", "torch_bf16", "sglang", "triton"]

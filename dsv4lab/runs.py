@@ -113,7 +113,7 @@ def tile_choice(use: str = "mma", run: str = "h200") -> dict:
     raise KeyError(f"run {run!r} recorded no {use!r} tile config")
 
 
-TILE_KEYS = ("block_h", "block_n", "num_warps", "num_stages", "prefetch", "lazy_rescale")
+TILE_KEYS = ("block_h", "block_n", "num_warps", "num_stages", "prefetch", "lazy_rescale", "dequant", "fold_scale")
 
 
 def select(df: pd.DataFrame, cfg: dict) -> pd.DataFrame:
