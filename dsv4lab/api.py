@@ -99,7 +99,7 @@ def check_sparse_decode_args(q, cache, indices, topk_len, sm_scale, attn_sink, c
                 if worst > limit:
                     raise ValueError(f"cache scale bytes of the indexed tokens must be <= {limit} "
                                      f"(scale <= 2^{limit - 127}) for this impl at this shape; got {worst}. "
-                                     f"Use impl='simt' or set DSV4LAB_DEQUANT=cvt")
+                                     f"Use impl='simt', or DSV4LAB_DEQUANT=cvt in the environment before importing dsv4lab")
         if attn_sink is not None and not bool(torch.isfinite(attn_sink).all()):
             raise ValueError("attn_sink must be finite (no sink for a head: pass attn_sink=None); "
                              f"got {attn_sink.tolist()[:8]}")
@@ -119,9 +119,11 @@ def sparse_decode(q, cache, indices, *, topk_len=None, sm_scale=None, attn_sink=
 
     ``impl`` names the implementation (see ``dsv4lab.impls()``); all share the
     semantics of :func:`dsv4lab.reference.sparse_decode`. ``check_ranges=False`` skips
-    the index and topk_len range checks, which read the GPU (a host sync per call), as
-    CUDA-graph capture does: for timing eager launches, or where the indices come from
-    a kernel known to be in range. An out-of-range index is then not caught.
+    the checks that read the GPU (a host sync per call), as CUDA-graph capture does: index
+    and topk_len ranges, a finite sink, and, for launches with the "bits" dequant, scale
+    bytes <= 134 on the tokens read. For timing eager launches, or where the inputs come
+    from kernels known to be in range. An out-of-range index is then not caught; a scale
+    byte past the limit gives NaN outputs (never a wrong finite number).
     """
     fn = _pick("sparse_decode", impl)
     check_sparse_decode_args(q, cache, indices, topk_len, sm_scale, attn_sink, check_ranges,

@@ -143,11 +143,15 @@ def decode_row(impl, inp, *, graph=True, eager=True, baseline_us=None, layer_inp
     if layer_inputs:
         calls = [lambda x=x: api.sparse_decode(x.q, x.cache, x.indices, impl=impl, **x.kwargs(), **kw)
                  for x in layer_inputs]
-        row["graph_layer_us"] = time_per_call_in_graph_ms(calls) * 1e3
-        row["layers"] = len(layer_inputs)
-        row["tflops_layer"] = roofline.decode_flops(B, H, K) / (row["graph_layer_us"] * 1e-6) / 1e12
-        if baseline_layer_us:
-            row["speedup_vs_baseline_layer"] = baseline_layer_us / row["graph_layer_us"]
+        try:                               # a failure here keeps the times above
+            row["graph_layer_us"] = time_per_call_in_graph_ms(calls) * 1e3
+        except Exception as e:
+            row["graph_layer_error"] = repr(e)[:300]
+        else:
+            row["layers"] = len(layer_inputs)
+            row["tflops_layer"] = roofline.decode_flops(B, H, K) / (row["graph_layer_us"] * 1e-6) / 1e12
+            if baseline_layer_us:
+                row["speedup_vs_baseline_layer"] = baseline_layer_us / row["graph_layer_us"]
     us = row.get("graph_us", row.get("eager_us"))
     served = roofline.decode_served_bytes(B, H, K, heads_per_read(impl, H, B, K))
     floor = roofline.decode_floor_bytes(B, H, K)

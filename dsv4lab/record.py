@@ -58,6 +58,25 @@ def run_checks(impls=DECODE_IMPLS) -> list[dict]:
                 row = dict(case=case, impl=impl, ok=False, error=repr(e)[:300])
             rows.append(row)
             _log("check", row)
+    # a scale byte past the "bits" dequant's limit (common.MAX_SCALE_BYTE) where the eager range
+    # check does not run: the rows that read it must come out NaN, never a wrong finite number
+    # (with "cvt" the launch has no limit: then the row must match the reference)
+    inp = make_decode_inputs(136, 64, 512, context=1024, seed=9)       # 64-head tiles (choose_tiles)
+    tok = int(inp.indices[0, 0])
+    ps = inp.cache.page_size
+    inp.cache.buffer[tok // ps, ps * 576 + (tok % ps) * 8 + 3] = 140
+    bits = head_batched.max_scale_byte(head_batched.choose_tiles(136, 64, 512)) is not None
+    with poisoned():
+        out, _ = api.sparse_decode(inp.q, inp.cache, inp.indices, impl="mma", check_ranges=False)
+    rest_ok = bool(torch.isfinite(out[1:].float()).all())
+    if bits:
+        ok = bool(torch.isnan(out[0].float()).all()) and rest_ok
+    else:
+        ro, _ = reference.sparse_decode(inp.q[:1], inp.cache, inp.indices[:1])
+        ok = rel_err(out[:1].float(), ro) <= OUT_TOL and rest_ok
+    rows.append(dict(case="scale_byte_past_limit", impl="mma", dequant="bits" if bits else "cvt", ok=ok))
+    _log("scale byte 140", rows[-1])
+    del inp
     # CUDA-graph replay must give bitwise the eager result
     inp = make_decode_inputs(8, 64, 512, context=2048, topk_len=True, sink=True, seed=7)
     for impl in ["mma", "splitk", "auto"]:
@@ -84,8 +103,9 @@ def run_decode(impls=DECODE_IMPLS, batches=BATCHES, H=64, K=512, context=8192, p
                               baseline="sglang", log=log, layers=layers)
 
 
-#: (BLOCK_H, BLOCK_N, warps, stages, prefetch, lazy rescale[, dequant, fold the scale]; default
-#: "cvt", no fold: head_batched.DEQUANT, FOLD_SCALE). Configs the offline compiler
+#: (BLOCK_H, BLOCK_N, warps, stages, prefetch, lazy rescale[, dequant, fold the scale]; without
+#: the last two: "cvt", no fold; rows record what ran, head_batched.dequant_bits / fold_scale,
+#: which the env overrides DSV4LAB_DEQUANT / DSV4LAB_FOLD_SCALE can change). Configs the offline compiler
 #: report (dsv4lab.compile_report, sm_90a) shows with no or few spills; the rest spill
 #: kilobytes per thread and were not timed. prefetch 0/1/2/3/4 = the kernel's loops
 #: (Triton's pipeliner / L2 hint / register pipeline / bulk L2 hint / indices ahead, head_batched.py); 64x64 s2 p0 is the
@@ -113,7 +133,7 @@ def time_tiles(candidates, batches=(1, 8, 32, 128), H=64, K=512, context=8192) -
         dq, fold = rest or ("cvt", False)
         cfg = head_batched.TileConfig(bh, bn, nw, ns, "sweep", lazy, pf, dequant=dq, fold_scale=fold)
         row = dict(block_h=bh, block_n=bn, num_warps=nw, num_stages=ns, prefetch=pf, lazy_rescale=lazy,
-                   dequant=dq, fold_scale=fold)
+                   **_ran_with(cfg))
         try:
             with poisoned():
                 out, lse = head_batched.sparse_decode_mma(chk.q, chk.cache, chk.indices, sm_scale=512**-0.5,
@@ -168,7 +188,7 @@ def run_split(batches=BATCHES, splits=(1, 2, 4, 8, 16), H=64, K=512, context=819
                     continue
                 fn = lambda: split_k.sparse_decode_split(inp.q, inp.cache, inp.indices, topk_len=None,  # noqa: E731
                                                          sm_scale=512**-0.5, attn_sink=None, nsplit=ns, cfg=cfg)
-                row = dict(B=B, nsplit=ns, **{k: getattr(cfg, k) for k in _CFG_KEYS})
+                row = {"B": B, "nsplit": ns, **{k: getattr(cfg, k) for k in _CFG_KEYS}, **_ran_with(cfg)}
                 try:
                     row["us"] = bench.time_ms(fn, graph=True, warmup=10, rep=50) * 1e3
                 except Exception as e:
@@ -192,12 +212,16 @@ def run_split(batches=BATCHES, splits=(1, 2, 4, 8, 16), H=64, K=512, context=819
 _CFG_KEYS = ("block_h", "block_n", "num_warps", "num_stages", "lazy_rescale", "prefetch", "dequant", "fold_scale")
 
 
-#: what a sweep row without a key (recorded before the key existed) ran with
-_ROW_DEFAULTS = {"dequant": "cvt", "fold_scale": False}
+def _ran_with(cfg) -> dict:
+    """The dequant and fold a launch of ``cfg`` takes in this process (entry, env override, interpreter)."""
+    return dict(dequant="bits" if head_batched.dequant_bits(cfg) else "cvt", fold_scale=head_batched.fold_scale(cfg))
 
 
 def _same(row, cfg):
-    return all(row.get(k, _ROW_DEFAULTS.get(k)) == getattr(cfg, k) for k in _CFG_KEYS)
+    """Whether a sweep row ran ``cfg``; keys a row lacks (recorded before they existed) are not
+    compared, as runs.select does."""
+    want = {**{k: getattr(cfg, k) for k in _CFG_KEYS}, **_ran_with(cfg)}
+    return all(row[k] == want[k] for k in _CFG_KEYS if k in row)
 
 
 def _b1_best(rows, cfg):

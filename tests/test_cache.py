@@ -127,3 +127,6 @@ def test_e4m3_bit_trick_model_is_exact_for_every_byte():
         got = e4m3_bits_to_bf16_model(x, np.full(x.shape, e, dtype=np.uint8)).astype(np.float64)
         np.testing.assert_array_equal(got, want * 2.0 ** (e - 127), err_msg=f"scale byte {e}")
     assert np.signbit(e4m3_bits_to_bf16_model(np.array([0x80], np.uint8), np.array([127], np.uint8)))[0]
+    # past MAX_SCALE_BYTE the factor is NaN (not inf, not a wrapped exponent): zeros included
+    for e in (MAX_SCALE_BYTE + 1, MAX_SCALE_BYTE + 2, 200, 255):
+        assert np.isnan(e4m3_bits_to_bf16_model(x, np.full(x.shape, e, dtype=np.uint8))).all()

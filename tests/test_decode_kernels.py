@@ -101,16 +101,19 @@ def test_poison_catches_unwritten_output(dev):
     assert rel_err(out[:1].float(), ro[:1]) <= OUT_TOL
 
 
-@pytest.mark.parametrize("prefetch,nsplit,merge", [(p, 1, "launch") for p in (0, 2, 4)] +
-                         [(p, n, m) for p in (0, 2, 4) for n in (2, 3) for m in ("fused", "launch")])
-def test_every_loop_of_the_head_batched_kernel(prefetch, nsplit, merge):
+@pytest.mark.parametrize("prefetch,nsplit,merge,fold", [(p, 1, "launch", False) for p in (0, 2, 4)] +
+                         [(p, n, m, False) for p in (0, 2, 4) for n in (2, 3) for m in ("fused", "launch")] +
+                         [(p, 1, "launch", True) for p in (0, 2, 4)] + [(2, 3, "fused", True)])
+def test_every_loop_of_the_head_batched_kernel(prefetch, nsplit, merge, fold, monkeypatch):
     # the kernel's loops (head_batched.py: 0 = plain, 2 = register pipeline, 4 = indices ahead; 1 is a GPU-only
     # L2 hint over loop 0) on 3 tiles of 16 + a partial one, padding and topk_len, whole rows
-    # and split slices (a slice may start past topk_len, or hold one partial tile)
+    # and split slices (a slice may start past topk_len, or hold one partial tile); ``fold``: the
+    # softmax scale folded into exp2's FMA (TileConfig.fold_scale, the H200 64-head entry's)
     from dsv4lab import reference
     from dsv4lab.kernels import head_batched, split_k
+    monkeypatch.setattr(head_batched, "FOLD_SCALE", None)        # the entry decides, whatever the env says
     inp = make_decode_inputs(3, 16, 53, context=200, pad_frac=0.2, topk_len=True, sink=True)
-    cfg = head_batched.TileConfig(16, 16, 4, 1, "test", prefetch=prefetch)
+    cfg = head_batched.TileConfig(16, 16, 4, 1, "test", prefetch=prefetch, fold_scale=fold)
     ro, rl = reference.sparse_decode(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5, **inp.kwargs())
     with poisoned():
         out, lse = split_k.sparse_decode_split(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5,

@@ -28,11 +28,12 @@ H, K, SCALE, LAYERS = 64, 512, 512 ** -0.5, bench.LAYERS
 SPLIT = head_batched.tile_config(H, split=True)
 MMA = head_batched.tile_config(H)
 S32 = dataclasses.replace(SPLIT, block_n=32, num_warps=4)      # tiles.json: 16x32 w4 p2, 3 us a tile
+DEFAULTS = (split_k.PDL, head_batched.DEQUANT, head_batched.FOLD_SCALE)     # restored after each variant
 
 
-def _impl(name, pdl="auto"):
+def _impl(name, pdl=None):
     def run(x):
-        split_k.PDL = pdl
+        split_k.PDL = pdl or DEFAULTS[0]
         return api.sparse_decode(x.q, x.cache, x.indices, impl=name, check_ranges=False, **x.kwargs())
     return run
 
@@ -46,11 +47,11 @@ def _split(cfg, nsplit, merge="launch", pdl="0", dequant=None, fold=None):
     return run
 
 
-def _splitk_loop(prefetch, pdl="auto"):
+def _splitk_loop(prefetch, pdl=None):
     """splitk's plan for the shape with the split entry's loop replaced"""
     def run(x):
         plan = split_k.choose_split(x.q.shape[0], H, x.indices.shape[1])
-        split_k.PDL = pdl
+        split_k.PDL = pdl or DEFAULTS[0]
         return split_k.sparse_decode_split(x.q, x.cache, x.indices, topk_len=x.topk_len, sm_scale=SCALE,
                                            attn_sink=x.attn_sink, nsplit=plan.nsplit,
                                            cfg=dataclasses.replace(plan.cfg, prefetch=prefetch))
@@ -90,8 +91,7 @@ SHAPES = [(1, SMALL), (2, SMALL), (4, SMALL), (8, SMALL),
 
 
 def _reset():
-    split_k.PDL = "auto"
-    head_batched.DEQUANT, head_batched.FOLD_SCALE = None, None
+    split_k.PDL, head_batched.DEQUANT, head_batched.FOLD_SCALE = DEFAULTS
 
 
 def main(path):

@@ -89,17 +89,22 @@ def prefetch_kv_l2_bulk(kv_u8, tok, valid, PAGE_SIZE: tl.constexpr, PAGE_BYTES: 
 #: as the e4m3 value times 2^-120, subnormals included (they land on bf16 subnormals). One bf16x2
 #: multiply by 2^(e-7) (bf16 bits (e+120) << 7) applies the UE8M0 scale 2^(e-127) exactly.
 #: 5 integer/bf16x2 instructions per pair of values instead of 6 of which 2 are conversions.
-#: Needs e <= MAX_SCALE_BYTE (2^(e-7) must be a finite bf16): scale <= 2^7, amax <= 57344.
-#: e4m3 NaN bytes (0x7f/0xff) come out finite (not a value a quantizer writes).
+#: Needs e <= MAX_SCALE_BYTE (2^(e-7) must be a finite bf16): scale <= 2^7, amax <= 57344. A larger
+#: byte gets a NaN factor (E4M3_BAD_SCALE), so the values it scales, and every output that reads
+#: them, come out NaN: a visible failure where the range check cannot run (CUDA graphs,
+#: check_ranges=False), never a wrong finite number. e4m3 NaN bytes (0x7f/0xff) come out finite
+#: (not a value a quantizer writes).
 E4M3_SEL = (0x1404, 0x3424)           # prmt selectors: [x1 0 x0 0], [x3 0 x2 0]
 E4M3_BODY, E4M3_SIGN, E4M3_SHIFT = 0x7F007F00, 0x80008000, 4
 MAX_SCALE_BYTE = 254 - 120
+E4M3_BAD_SCALE = 0x7FC0               # bf16 NaN: the factor past MAX_SCALE_BYTE
 _E4M3_PAIR = ("prmt.b32 a, $2, 0, {sel}; and.b32 t, a, {body}; shr.b32 t, t, {shift}; "
               "lop3.b32 t, t, a, {sign}, 0xF8; mul.rn.bf16x2 ${out}, t, ${sc};")
 E4M3_TO_BF16_ASM = "{ .reg .b32 a, t; " + " ".join(
     _E4M3_PAIR.format(sel=hex(sel), body=hex(E4M3_BODY), shift=E4M3_SHIFT, sign=hex(E4M3_SIGN), out=i, sc=3 + i)
     for i, sel in enumerate(E4M3_SEL)) + " }"
 _E4M3_ASM = tl.constexpr(E4M3_TO_BF16_ASM)      # what a @triton.jit function may read
+_E4M3_BAD = tl.constexpr(E4M3_BAD_SCALE)
 
 
 def e4m3_bits_to_bf16_model(x: "np.ndarray", e: "np.ndarray"):
@@ -110,7 +115,8 @@ def e4m3_bits_to_bf16_model(x: "np.ndarray", e: "np.ndarray"):
     a = (x.astype(np.uint32) << 8)                                  # the byte in a lane's top byte
     t = ((a & (E4M3_BODY & 0xFFFF)) >> E4M3_SHIFT) | (a & (E4M3_SIGN & 0xFFFF))
     val = (t.astype(np.uint32) << 16).view(np.float32)              # bf16 bits -> float32
-    sc = ((e.astype(np.uint32) + 120) << 23).view(np.float32)       # bf16 2^(e-7), widened
+    ei = e.astype(np.uint32) + 120
+    sc = (np.where(ei <= 254, ei << 7, E4M3_BAD_SCALE).astype(np.uint32) << 16).view(np.float32)   # bf16 2^(e-7)
     return val * sc
 
 
@@ -120,7 +126,8 @@ def dequant_kv_bits(x, e, r, NOPE: tl.constexpr, D: tl.constexpr):
     fp8 or uint8 (the same bytes)."""
     G: tl.constexpr = D // 64
     is_nope = tl.arange(0, G) < NOPE // 64
-    sc = ((e.to(tl.int32) + 120) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)     # 2^(e-7)
+    ei = e.to(tl.int32) + 120
+    sc = tl.where(ei <= 254, ei << 7, _E4M3_BAD).to(tl.int16).to(tl.bfloat16, bitcast=True)  # 2^(e-7); NaN past 134
     xb = x.to(tl.uint8, bitcast=True)
     y = tl.inline_asm_elementwise(_E4M3_ASM, "=r,=r,r,r,r", [xb, tl.broadcast_to(sc[:, :, None], xb.shape)],
                                   dtype=tl.bfloat16, is_pure=True, pack=4)

@@ -180,10 +180,11 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
         # bytes have a whole tile's time to arrive. GPU only; no hint past the slice's end.
         tok_next = tl.load(row + lo + t, mask=lo + t < hi, other=-1)
         if PREFETCH == 8:
-            # as 5, and tile 1's bytes requested at once: they queue behind tile 0's gather on
-            # HBM instead of waiting until tile 0's Q @ K^T is done
-            tok1 = tl.load(row + lo + BLOCK_N + t, mask=lo + BLOCK_N + t < hi, other=-1)
-            prefetch_kv_l2_bulk(KV_U8, tok1, tok1 >= 0, PAGE_SIZE, PAGE_BYTES)
+            # as 5, and tile 1's bytes requested at the start (before tile 0's gather is issued)
+            # instead of after tile 0's Q @ K^T; measured slower at B=128 (the first burst grows)
+            if lo + BLOCK_N < hi:
+                tok1 = tl.load(row + lo + BLOCK_N + t, mask=lo + BLOCK_N + t < hi, other=-1)
+                prefetch_kv_l2_bulk(KV_U8, tok1, tok1 >= 0, PAGE_SIZE, PAGE_BYTES)
         if PREFETCH == 7:
             tok_next2 = tl.load(row + lo + BLOCK_N + t, mask=lo + BLOCK_N + t < hi, other=-1)
         for start in range(lo, hi, BLOCK_N):
@@ -301,6 +302,10 @@ class TileConfig:
     merge_us: float = 3.0              # measured: what split-K's merge adds to a launch of these tiles
     dequant: str = "cvt"               # "cvt" or "bits" (DEQUANT)
     fold_scale: bool = False           # FOLD_SCALE
+
+    def __post_init__(self):
+        if self.dequant not in ("cvt", "bits"):
+            raise ValueError(f"TileConfig.dequant must be 'cvt' or 'bits', got {self.dequant!r}")
 
 
 #: Tile choices per (device, use). "mma": the throughput tiles (64 heads per program: the

@@ -146,7 +146,7 @@ def pdl_kwargs(programs: int | None = None) -> dict:
 
 #: programmatic dependent launch of the combine kernel (env DSV4LAB_PDL): "auto" (pdl_kwargs'
 #: rule), "1" always, "0" never
-PDL = os.environ.get("DSV4LAB_PDL", "auto")
+PDL = os.environ.get("DSV4LAB_PDL") or "auto"
 if PDL not in ("auto", "0", "1"):
     raise ValueError(f"DSV4LAB_PDL must be 'auto', '0' or '1', got {PDL!r}")
 #: "launch": a combine kernel merges (default); "fused": the last slice of each row merges
