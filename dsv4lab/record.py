@@ -188,7 +188,7 @@ def run_split(batches=BATCHES, splits=(1, 2, 4, 8, 16), H=64, K=512, context=819
                     continue
                 fn = lambda: split_k.sparse_decode_split(inp.q, inp.cache, inp.indices, topk_len=None,  # noqa: E731
                                                          sm_scale=512**-0.5, attn_sink=None, nsplit=ns, cfg=cfg)
-                row = {"B": B, "nsplit": ns, **{k: getattr(cfg, k) for k in _CFG_KEYS}, **_ran_with(cfg)}
+                row = {"B": B, "nsplit": ns, **{k: getattr(cfg, k) for k in _CFG_KEYS}, **_ran_with(cfg, ns)}
                 try:
                     row["us"] = bench.time_ms(fn, graph=True, warmup=10, rep=50) * 1e3
                 except Exception as e:
@@ -212,15 +212,17 @@ def run_split(batches=BATCHES, splits=(1, 2, 4, 8, 16), H=64, K=512, context=819
 _CFG_KEYS = ("block_h", "block_n", "num_warps", "num_stages", "lazy_rescale", "prefetch", "dequant", "fold_scale")
 
 
-def _ran_with(cfg) -> dict:
-    """The dequant and fold a launch of ``cfg`` takes in this process (entry, env override, interpreter)."""
-    return dict(dequant="bits" if head_batched.dequant_bits(cfg) else "cvt", fold_scale=head_batched.fold_scale(cfg))
+def _ran_with(cfg, nsplit=1) -> dict:
+    """The dequant and fold a launch of ``cfg`` in ``nsplit`` slices takes in this process (the
+    entry, split or not, env overrides, interpreter)."""
+    return dict(dequant="bits" if head_batched.dequant_bits(cfg, nsplit) else "cvt",
+                fold_scale=head_batched.fold_scale(cfg, nsplit))
 
 
 def _same(row, cfg):
     """Whether a sweep row ran ``cfg``; keys a row lacks (recorded before they existed) are not
     compared, as runs.select does."""
-    want = {**{k: getattr(cfg, k) for k in _CFG_KEYS}, **_ran_with(cfg)}
+    want = {**{k: getattr(cfg, k) for k in _CFG_KEYS}, **_ran_with(cfg, row.get("nsplit", 1))}
     return all(row[k] == want[k] for k in _CFG_KEYS if k in row)
 
 

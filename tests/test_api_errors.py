@@ -156,8 +156,10 @@ def test_scale_byte_limit_follows_the_tile_entry(monkeypatch):
     monkeypatch.setattr(hb, "is_interpret", lambda: False)
     assert hb.max_scale_byte(bits) == MAX_SCALE_BYTE and hb.max_scale_byte(cvt) is None
     assert hb.fold_scale(bits) and not hb.fold_scale(cvt)
+    # the entry's choice is for whole rows: split launches of it take "cvt" and no fold
+    assert hb.max_scale_byte(bits, nsplit=2) is None and not hb.fold_scale(bits, nsplit=4)
     monkeypatch.setattr(hb, "DEQUANT", "cvt")
     monkeypatch.setattr(hb, "FOLD_SCALE", False)
     assert hb.max_scale_byte(bits) is None and not hb.fold_scale(bits)
     monkeypatch.setattr(hb, "DEQUANT", "bits")
-    assert hb.max_scale_byte(cvt) == MAX_SCALE_BYTE
+    assert hb.max_scale_byte(cvt) == MAX_SCALE_BYTE and hb.max_scale_byte(cvt, nsplit=8) == MAX_SCALE_BYTE

@@ -261,8 +261,13 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
 #: assembly there). What was measured (graph replay, H200): with loop 4 "bits" was no faster
 #: (ab_dequant.json: B=128 62.2 -> 61.6 us, 16-head tiles at B=1 14.1 -> 14.8): the kernel then
 #: waited on memory. With loop 5 (less memory wait) "bits" + FOLD_SCALE took the 64-head tiles
-#: from 58.6 to 57.5 us at B=128 and were faster at every B measured (ab_prefetch.json), so the
-#: H200 "mma" entry uses both; the 16-head "split" entry stays "cvt".
+#: from 58.6 to 57.5 us at B=128 (ab_prefetch.json), so the H200 "mma" entry uses both; the
+#: 16-head "split" entry stays "cvt". An entry's choice applies to launches whose programs walk
+#: whole rows (NSPLIT 1): split launches take "cvt" and no fold, which the 14:0xZ NSPLIT sweep
+#: measured faster for the same 64-head tiles on 1-2 tiles a slice (split.json, us, cvt vs
+#: bits + fold: B=16 x4 22.1 vs 23.1, B=32 x4 26.2 vs 26.8, B=64 x2 40.3 vs 41.0; unsplit B=128
+#: 58.2 vs 57.3): on a short slice the conversion sits on the dependent chain, and the integer
+#: sequence is one step longer per value.
 DEQUANT = os.environ.get("DSV4LAB_DEQUANT") or None
 if DEQUANT not in (None, "bits", "cvt"):
     raise ValueError(f"DSV4LAB_DEQUANT must be 'bits' or 'cvt' (or unset: per tile entry), got {DEQUANT!r}")
@@ -274,16 +279,21 @@ if FOLD_SCALE == "bad":
                      f"got {os.environ['DSV4LAB_FOLD_SCALE']!r}")
 
 
-def dequant_bits(cfg=None) -> bool:
-    """Whether launches of ``cfg`` (default: this device's "mma" entry) take the "bits" dequant."""
+def dequant_bits(cfg=None, nsplit: int = 1) -> bool:
+    """Whether a launch of ``cfg`` (default: this device's "mma" entry) in ``nsplit`` slices takes
+    the "bits" dequant: DEQUANT if set, else the entry's choice for whole rows, "cvt" for slices."""
     if is_interpret():
         return False
-    return (DEQUANT or (cfg or tile_config()).dequant) == "bits"
+    if DEQUANT:
+        return DEQUANT == "bits"
+    return nsplit == 1 and (cfg or tile_config()).dequant == "bits"
 
 
-def fold_scale(cfg=None) -> bool:
-    """Whether launches of ``cfg`` (default: the "mma" entry) fold the scale into exp2's FMA."""
-    return (cfg or tile_config()).fold_scale if FOLD_SCALE is None else FOLD_SCALE
+def fold_scale(cfg=None, nsplit: int = 1) -> bool:
+    """Whether a launch of ``cfg`` in ``nsplit`` slices folds the scale into exp2's FMA (as dequant_bits)."""
+    if FOLD_SCALE is not None:
+        return FOLD_SCALE
+    return nsplit == 1 and (cfg or tile_config()).fold_scale
 
 
 @dataclass(frozen=True)
@@ -300,8 +310,8 @@ class TileConfig:
     us_per_tile: float | None = None   # measured: a program's time per BLOCK_N tile (the slope)
     fixed_us: float = 0.0              # measured: a launch's time beyond its tiles (the intercept)
     merge_us: float = 3.0              # measured: what split-K's merge adds to a launch of these tiles
-    dequant: str = "cvt"               # "cvt" or "bits" (DEQUANT)
-    fold_scale: bool = False           # FOLD_SCALE
+    dequant: str = "cvt"               # "cvt" or "bits" (DEQUANT), for launches of whole rows
+    fold_scale: bool = False           # FOLD_SCALE, for launches of whole rows
 
     def __post_init__(self):
         if self.dequant not in ("cvt", "bits"):
@@ -406,7 +416,8 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, *, nsplit
         HAS_TOPK_LEN=topk_len is not None, HAS_SINK=attn_sink is not None, SPLIT=split,
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, D=D, NOPE=448, DOT=dot_dtype(),
         LAZY_RESCALE=cfg.lazy_rescale, PREFETCH=_prefetch_mode(cfg.prefetch),
-        LAUNCH_DEPENDENTS=pdl, DEQUANT_BITS=dequant_bits(cfg), FOLD_SCALE=fold_scale(cfg), TRACE=trace,
+        LAUNCH_DEPENDENTS=pdl, DEQUANT_BITS=dequant_bits(cfg, nsplit),
+        FOLD_SCALE=fold_scale(cfg, nsplit), TRACE=trace,
         **_merge_args(merge_into, B, H, nsplit, cfg),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
@@ -441,10 +452,10 @@ def sparse_decode_mma(q, cache, indices, *, topk_len, sm_scale, attn_sink, cfg=N
     return finish(out), lse
 
 
-def max_scale_byte(cfg=None):
-    """The largest UE8M0 scale byte launches of ``cfg`` read correctly: common.MAX_SCALE_BYTE with
-    the "bits" dequant (2^(e-7) must be a finite bf16), None (any) with "cvt"."""
-    return MAX_SCALE_BYTE if dequant_bits(cfg) else None
+def max_scale_byte(cfg=None, nsplit: int = 1):
+    """The largest UE8M0 scale byte a launch of ``cfg`` in ``nsplit`` slices reads correctly:
+    common.MAX_SCALE_BYTE with the "bits" dequant (2^(e-7) must be a finite bf16), None (any) with "cvt"."""
+    return MAX_SCALE_BYTE if dequant_bits(cfg, nsplit) else None
 
 
 sparse_decode_mma.max_scale_byte = lambda B, H, K: max_scale_byte(choose_tiles(B, H, K))

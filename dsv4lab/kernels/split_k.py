@@ -237,7 +237,11 @@ def sparse_decode_splitk(q, cache, indices, *, topk_len, sm_scale, attn_sink):
                                attn_sink=attn_sink, nsplit=plan.nsplit, cfg=plan.cfg)
 
 
-sparse_decode_splitk.max_scale_byte = lambda B, H, K: head_batched.max_scale_byte(choose_split(B, H, K).cfg)
+def _limit(plan):
+    return head_batched.max_scale_byte(plan.cfg, plan.nsplit)
+
+
+sparse_decode_splitk.max_scale_byte = lambda B, H, K: _limit(choose_split(B, H, K))
 
 
 @register("sparse_decode", "auto")
@@ -248,4 +252,4 @@ def sparse_decode_auto(q, cache, indices, *, topk_len, sm_scale, attn_sink):
                                attn_sink=attn_sink, nsplit=plan.nsplit, cfg=plan.cfg)
 
 
-sparse_decode_auto.max_scale_byte = lambda B, H, K: head_batched.max_scale_byte(choose(B, H, K).cfg)
+sparse_decode_auto.max_scale_byte = lambda B, H, K: _limit(choose(B, H, K))
