@@ -121,7 +121,12 @@ def select(df: pd.DataFrame, cfg: dict) -> pd.DataFrame:
     keys = [k for k in TILE_KEYS if k in df.columns and k in cfg]
     mask = pd.Series(True, index=df.index)
     for k in keys:
-        mask &= df[k] == cfg[k]
+        same = df[k] == cfg[k]
+        if k in ("dequant", "fold_scale") and "nsplit" in df.columns:
+            # rows record what ran, and split launches take "cvt" / no fold whatever the entry
+            # says (head_batched.dequant_bits): there the entry's choice is not compared
+            same |= df["nsplit"] > 1
+        mask &= same
     return df[mask]
 
 

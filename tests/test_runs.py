@@ -93,3 +93,17 @@ def test_trace_table_accounts_for_the_graph_time():
     assert (tt[tt.B == 128].sms == 128).all()
     split = tt[tt.case == "splitk"]
     assert split.gap_to_combine_us.notna().all() and split.combine_us.notna().all()
+
+
+def test_select_compares_the_dequant_on_whole_row_launches_only():
+    # sweep rows record what ran; split launches run "cvt" whatever the entry says, so a "bits"
+    # entry's rows are its whole-row launches plus every split launch of its tiles
+    df = pd.DataFrame([dict(block_h=64, block_n=128, nsplit=1, dequant="bits", fold_scale=True, us=1.0),
+                       dict(block_h=64, block_n=128, nsplit=1, dequant="cvt", fold_scale=False, us=2.0),
+                       dict(block_h=64, block_n=128, nsplit=2, dequant="cvt", fold_scale=False, us=3.0),
+                       dict(block_h=16, block_n=64, nsplit=2, dequant="cvt", fold_scale=False, us=4.0)])
+    bits = dict(block_h=64, block_n=128, dequant="bits", fold_scale=True)
+    assert sorted(runs.select(df, bits).us) == [1.0, 3.0]
+    assert sorted(runs.select(df, {**bits, "dequant": "cvt", "fold_scale": False}).us) == [2.0, 3.0]
+    tiles = df[df.nsplit == 1].drop(columns="nsplit")        # a tile sweep: no nsplit column
+    assert list(runs.select(tiles, bits).us) == [1.0]
