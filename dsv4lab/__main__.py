@@ -23,10 +23,12 @@ def _bench_decode(args):
                          "the recorded H200 runs are in data/runs/, e.g. data/runs/h200/decode.json")
     import pandas as pd
     rows = bench.decode_table(args.impl, args.batch, H=args.heads, K=args.topk, context=args.context,
-                              page_size=args.page_size, baseline=args.impl[0], graph=not args.no_graph)
+                              page_size=args.page_size, baseline=args.impl[0], graph=not args.no_graph,
+                              layers=bench.LAYERS if args.layers is None else args.layers)
     df = pd.DataFrame(rows)
-    cols = [c for c in ["impl", "B", "eager_us", "graph_us", "speedup_vs_baseline", "served_tb_s",
-                        "floor_tb_s", "tflops", "bw_share", "mma_share"] if c in df]
+    cols = [c for c in ["impl", "B", "eager_us", "graph_us", "graph_layer_us", "speedup_vs_baseline",
+                        "speedup_vs_baseline_layer", "served_tb_s", "floor_tb_s", "tflops", "tflops_layer",
+                        "bw_share", "mma_share"] if c in df]
     print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     if args.json:
         bench.save(args.json, {**bench.environment(), "ceilings": device.ceilings().as_dict(), "rows": rows})
@@ -47,6 +49,10 @@ def main(argv=None):
     pd_.add_argument("--context", type=int, default=8192)
     pd_.add_argument("--page-size", type=int, default=64)
     pd_.add_argument("--no-graph", action="store_true", help="eager launches only")
+    pd_.add_argument("--layers", type=int, default=None,
+                     help="also time each call inside one graph of this many calls on copies of the inputs, "
+                          "as a captured decode step runs its layers (graph_layer_us; default bench.LAYERS = 8); "
+                          "0: skip")
     pd_.add_argument("--json", help="write the rows here")
     pd_.set_defaults(fn=_bench_decode)
     pr = sub.add_parser("record", help="the full recorded GPU run (checks, decode, tiles, split)")
