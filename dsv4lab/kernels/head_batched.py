@@ -135,9 +135,15 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
             x, e, r = load_kv_raw(KV_FP8, KV_U8, KV_BF16, tok_next, valid_next, PAGE_SIZE, PAGE_BYTES, NOPE, D)
             tok_next = tl.load(row + start + 2 * BLOCK_N + t, mask=start + 2 * BLOCK_N + t < hi, other=-1)
             m_i, l_i, acc = _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, LAZY_RESCALE, FOLD_SCALE)
-            if start + BLOCK_N < hi:
-                # no dequant of a tile past the slice: on a one-tile slice (split-K at small B)
-                # it would sit between the only tile and the stores
+            if BLOCK_H < 64:
+                if start + BLOCK_N < hi:
+                    # no dequant of a tile past the slice: on a one-tile slice (split-K at small B)
+                    # it would sit between the only tile and the stores (16x64: B=1 mma 37.5 -> 35.8
+                    # us). Not on the 64-head tiles: the branch keeps the raw tile and kv live across
+                    # it, and at 255 registers 64x32 then spills 428 B instead of 32 (compiler
+                    # report; its sweep time went 71.0 -> 85.2 us at B=128, tiles.json 13:4xZ)
+                    kv = dequant_kv(x, e, r, NOPE, D, DOT, DEQUANT_BITS)
+            else:
                 kv = dequant_kv(x, e, r, NOPE, D, DOT, DEQUANT_BITS)
             valid = valid_next
     elif PREFETCH == 1 or PREFETCH == 3:
@@ -263,8 +269,8 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
 #: waited on memory. With loop 5 (less memory wait) "bits" + FOLD_SCALE took the 64-head tiles
 #: from 58.6 to 57.5 us at B=128 (ab_prefetch.json), so the H200 "mma" entry uses both; the
 #: 16-head "split" entry stays "cvt". An entry's choice applies to launches whose programs walk
-#: whole rows (NSPLIT 1): split launches take "cvt" and no fold, which the 14:0xZ NSPLIT sweep
-#: measured faster for the same 64-head tiles on 1-2 tiles a slice (split.json, us, cvt vs
+#: whole rows (NSPLIT 1): split launches take "cvt" and no fold, which an NSPLIT sweep measured
+#: faster for the same 64-head tiles on 1-2 tiles a slice (split_bits_on_slices.json, us, cvt vs
 #: bits + fold: B=16 x4 22.1 vs 23.1, B=32 x4 26.2 vs 26.8, B=64 x2 40.3 vs 41.0; unsplit B=128
 #: 58.2 vs 57.3): on a short slice the conversion sits on the dependent chain, and the integer
 #: sequence is one step longer per value.
