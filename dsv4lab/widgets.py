@@ -43,10 +43,14 @@ def _time_us(fn) -> float:
 
 
 def _tile_config(row, source="live"):
+    """The TileConfig a sweep row ran (rows recorded before the dequant/fold keys ran "cvt", no fold)."""
     from .kernels.head_batched import TileConfig
+    dequant, fold = row.get("dequant"), row.get("fold_scale")
     return TileConfig(block_h=int(row["block_h"]), block_n=int(row["block_n"]), num_warps=int(row["num_warps"]),
                       num_stages=int(row["num_stages"]), source=source,
-                      lazy_rescale=bool(row.get("lazy_rescale", False)), prefetch=int(row.get("prefetch", 0) or 0))
+                      lazy_rescale=bool(row.get("lazy_rescale", False)), prefetch=int(row.get("prefetch", 0) or 0),
+                      dequant=dequant if isinstance(dequant, str) else "cvt",
+                      fold_scale=bool(fold) if fold is not None and fold == fold else False)
 
 
 def time_tile_live(row, B, H=64, K=512, context=8192) -> float:

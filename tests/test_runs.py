@@ -107,3 +107,13 @@ def test_select_compares_the_dequant_on_whole_row_launches_only():
     assert sorted(runs.select(df, {**bits, "dequant": "cvt", "fold_scale": False}).us) == [2.0, 3.0]
     tiles = df[df.nsplit == 1].drop(columns="nsplit")        # a tile sweep: no nsplit column
     assert list(runs.select(tiles, bits).us) == [1.0]
+
+
+def test_a_sweep_row_times_live_with_the_dequant_it_ran():
+    # the widgets' live timing rebuilds a row's TileConfig: a "bits" row must not be re-timed as "cvt"
+    from dsv4lab import widgets
+    row = dict(block_h=64, block_n=128, num_warps=8, num_stages=1, prefetch=5, lazy_rescale=False)
+    bits = widgets._tile_config({**row, "dequant": "bits", "fold_scale": True})
+    assert (bits.dequant, bits.fold_scale, bits.prefetch) == ("bits", True, 5)
+    old = widgets._tile_config(pd.Series({**row, "dequant": float("nan"), "fold_scale": float("nan")}))
+    assert (old.dequant, old.fold_scale) == ("cvt", False)             # recorded before the keys: cvt
