@@ -250,10 +250,7 @@ def environment() -> dict:
          "device": info().as_dict(), "python": platform.python_version(),
          "torch": torch.__version__, "triton": triton.__version__,
          "split_k": {"partials": str(split_k.partials_dtype()), "merge": split_k.MERGE, "pdl": split_k.PDL},
-         "head_batched": {use: {"dequant": "bits" if head_batched.dequant_bits(cfg) else "cvt",
-                                "fold_scale": head_batched.fold_scale(cfg),
-                                "split_launches": {"dequant": "bits" if head_batched.dequant_bits(cfg, 2) else "cvt",
-                                                   "fold_scale": head_batched.fold_scale(cfg, 2)}}
+         "head_batched": {use: {**head_batched.ran_with(cfg), "split_launches": head_batched.ran_with(cfg, 2)}
                           for use, cfg in (("mma", head_batched.tile_config()),
                                            ("split", head_batched.tile_config(split=True)))}}
     try:

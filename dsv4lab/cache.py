@@ -135,13 +135,19 @@ def pack_kv(kv: torch.Tensor, page_size: int = 64) -> KVCache:
     return KVCache(buf, page_size, n)
 
 
+def scale_view(cache: KVCache) -> torch.Tensor:
+    """The scale bytes in place: uint8 [num_pages, page_size, 8] (bytes 0..6 the UE8M0 scales of a
+    token's 7 nope groups, byte 7 padding), a view of the cache buffer: writes go into the cache."""
+    ps = cache.page_size
+    return cache.buffer[:, ps * DATA_BYTES: ps * TOKEN_BYTES].reshape(cache.num_pages, ps, SCALE_BYTES)
+
+
 def scale_bytes(cache: KVCache, token_ids) -> torch.Tensor:
     """The 7 UE8M0 scale bytes (uint8 [..., 7]) of ``token_ids`` (any shape)."""
     ids = _check_token_ids(token_ids, cache.num_tokens).to(cache.device)
     flat = ids.reshape(-1)
     ps = cache.page_size
-    sc = cache.buffer[:, ps * DATA_BYTES: ps * TOKEN_BYTES].reshape(cache.num_pages, ps, SCALE_BYTES)
-    return sc[flat // ps, flat % ps][:, :NUM_SCALES].reshape(*ids.shape, NUM_SCALES)
+    return scale_view(cache)[flat // ps, flat % ps][:, :NUM_SCALES].reshape(*ids.shape, NUM_SCALES)
 
 
 def dequant_kv(cache: KVCache, token_ids) -> torch.Tensor:

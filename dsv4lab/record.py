@@ -16,6 +16,7 @@ import torch
 import triton
 
 from . import api, bench, reference
+from .cache import scale_view
 from .device import ceilings, mode
 from .kernels import head_batched, split_k
 from .testing import (INDEXER_TOL, LSE_TOL, OUT_TOL, VS_SIMT_TOL, check_decode, check_indexer, indexer_tol,
@@ -64,7 +65,7 @@ def run_checks(impls=DECODE_IMPLS) -> list[dict]:
     inp = make_decode_inputs(136, 64, 512, context=1024, seed=9)       # 64-head tiles (choose_tiles)
     tok = int(inp.indices[0, 0])
     ps = inp.cache.page_size
-    inp.cache.buffer[tok // ps, ps * 576 + (tok % ps) * 8 + 3] = 140
+    scale_view(inp.cache)[tok // ps, tok % ps, 3] = 140
     bits = head_batched.max_scale_byte(head_batched.choose_tiles(136, 64, 512)) is not None
     with poisoned():
         out, _ = api.sparse_decode(inp.q, inp.cache, inp.indices, impl="mma", check_ranges=False)
@@ -104,7 +105,7 @@ def run_decode(impls=DECODE_IMPLS, batches=BATCHES, H=64, K=512, context=8192, p
 
 
 #: (BLOCK_H, BLOCK_N, warps, stages, prefetch, lazy rescale[, dequant, fold the scale]; without
-#: the last two: "cvt", no fold; rows record what ran, head_batched.dequant_bits / fold_scale,
+#: the last two: "cvt", no fold; rows record what ran, head_batched.ran_with,
 #: which the env overrides DSV4LAB_DEQUANT / DSV4LAB_FOLD_SCALE can change). Configs the offline compiler
 #: report (dsv4lab.compile_report, sm_90a) shows with no or few spills; the rest spill
 #: kilobytes per thread and were not timed. prefetch 0/1/2/3/4 = the kernel's loops
@@ -133,7 +134,7 @@ def time_tiles(candidates, batches=(1, 8, 32, 128), H=64, K=512, context=8192) -
         dq, fold = rest or ("cvt", False)
         cfg = head_batched.TileConfig(bh, bn, nw, ns, "sweep", lazy, pf, dequant=dq, fold_scale=fold)
         row = dict(block_h=bh, block_n=bn, num_warps=nw, num_stages=ns, prefetch=pf, lazy_rescale=lazy,
-                   **_ran_with(cfg))
+                   **head_batched.ran_with(cfg))
         try:
             with poisoned():
                 out, lse = head_batched.sparse_decode_mma(chk.q, chk.cache, chk.indices, sm_scale=512**-0.5,
@@ -188,7 +189,8 @@ def run_split(batches=BATCHES, splits=(1, 2, 4, 8, 16), H=64, K=512, context=819
                     continue
                 fn = lambda: split_k.sparse_decode_split(inp.q, inp.cache, inp.indices, topk_len=None,  # noqa: E731
                                                          sm_scale=512**-0.5, attn_sink=None, nsplit=ns, cfg=cfg)
-                row = {"B": B, "nsplit": ns, **{k: getattr(cfg, k) for k in _CFG_KEYS}, **_ran_with(cfg, ns)}
+                row = {"B": B, "nsplit": ns, **{k: getattr(cfg, k) for k in _CFG_KEYS},
+                       **head_batched.ran_with(cfg, ns)}
                 try:
                     row["us"] = bench.time_ms(fn, graph=True, warmup=10, rep=50) * 1e3
                 except Exception as e:
@@ -212,17 +214,10 @@ def run_split(batches=BATCHES, splits=(1, 2, 4, 8, 16), H=64, K=512, context=819
 _CFG_KEYS = ("block_h", "block_n", "num_warps", "num_stages", "lazy_rescale", "prefetch", "dequant", "fold_scale")
 
 
-def _ran_with(cfg, nsplit=1) -> dict:
-    """The dequant and fold a launch of ``cfg`` in ``nsplit`` slices takes in this process (the
-    entry, split or not, env overrides, interpreter)."""
-    return dict(dequant="bits" if head_batched.dequant_bits(cfg, nsplit) else "cvt",
-                fold_scale=head_batched.fold_scale(cfg, nsplit))
-
-
 def _same(row, cfg):
     """Whether a sweep row ran ``cfg``; keys a row lacks (recorded before they existed) are not
     compared, as runs.select does."""
-    want = {**{k: getattr(cfg, k) for k in _CFG_KEYS}, **_ran_with(cfg, row.get("nsplit", 1))}
+    want = {**{k: getattr(cfg, k) for k in _CFG_KEYS}, **head_batched.ran_with(cfg, row.get("nsplit", 1))}
     return all(row[k] == want[k] for k in _CFG_KEYS if k in row)
 
 

@@ -302,6 +302,12 @@ def fold_scale(cfg=None, nsplit: int = 1) -> bool:
     return nsplit == 1 and (cfg or tile_config()).fold_scale
 
 
+def ran_with(cfg=None, nsplit: int = 1) -> dict:
+    """What a launch of ``cfg`` in ``nsplit`` slices takes in this process, as recorded runs
+    write it: {"dequant": "bits" | "cvt", "fold_scale": bool}."""
+    return {"dequant": "bits" if dequant_bits(cfg, nsplit) else "cvt", "fold_scale": fold_scale(cfg, nsplit)}
+
+
 @dataclass(frozen=True)
 class TileConfig:
     block_h: int
