@@ -76,10 +76,11 @@ def report(kernel, arch=90) -> dict:
 
 def head_batched_report(block_h, block_n, num_warps, num_stages, prefetch=0, *, split=False, arch=90,
                         lazy_rescale=False, maxnreg=None, merge_nsplit=0, partials="bf16", dequant="cvt",
-                        fold_scale=False) -> dict:
-    """``merge_nsplit`` > 0: the split-K launch with its fused merge, ``partials`` "bf16" (the GPU
+                        fold_scale=False, merge="fused") -> dict:
+    """``merge_nsplit`` > 0: the split-K launch with its in-launch merge, ``merge`` "fused" (the last
+    slice merges) or "coop" (barrier, each slice merges a share), ``partials`` "bf16" (the GPU
     default) or "fp32"; ``dequant`` / ``fold_scale``: as TileConfig's (the H200 64-head entry: "bits", True)."""
-    from .kernels.common import merge_chunk
+    from .kernels.common import coop_columns, merge_chunk
     from .kernels.head_batched import _head_batched_kernel
     c = dict(PAGE_SIZE=64, PAGE_BYTES=37440, HAS_TOPK_LEN=False, HAS_SINK=False, SPLIT=split or merge_nsplit > 0,
              BLOCK_H=block_h, BLOCK_N=block_n, D=512, NOPE=448, DOT=triton.language.bfloat16,
@@ -88,7 +89,10 @@ def head_batched_report(block_h, block_n, num_warps, num_stages, prefetch=0, *, 
     types = {}
     if merge_nsplit:
         p2 = triton.next_power_of_2(merge_nsplit)
-        c.update(MERGE=True, SPLIT_P2=p2, DCHUNK=merge_chunk(block_h, p2, num_warps, per_thread=64))
+        c.update(MERGE=1, SPLIT_P2=p2, DCHUNK=merge_chunk(block_h, p2, num_warps, per_thread=64))
+        if merge == "coop":
+            ncol = coop_columns(merge_nsplit)
+            c.update(MERGE=2, NCOL=ncol, DCHUNK=min(ncol, c["DCHUNK"]))
         types = {"O": f"*{partials}", "CNT": "*i32", "O_FINAL": "*bf16", "LSE_FINAL": "*fp32"}
     else:
         c.update(CNT=None, O_FINAL=None, LSE_FINAL=None)
@@ -96,7 +100,7 @@ def head_batched_report(block_h, block_n, num_warps, num_stages, prefetch=0, *, 
                        maxnreg=maxnreg, ptr_types=types)
     return {"maxnreg": maxnreg, "block_h": block_h, "block_n": block_n, "num_warps": num_warps, "num_stages": num_stages,
             "prefetch": prefetch, "lazy_rescale": lazy_rescale, "dequant": dequant, "fold_scale": bool(fold_scale),
-            "merge_nsplit": merge_nsplit,
+            "merge_nsplit": merge_nsplit, "merge": merge if merge_nsplit else None,
             "partials": partials if merge_nsplit else None, "arch": arch,
             "triton": triton.__version__,
             **report(k, arch)}
@@ -105,9 +109,11 @@ def head_batched_report(block_h, block_n, num_warps, num_stages, prefetch=0, *, 
 if __name__ == "__main__":
     import dsv4lab  # noqa: F401
     # BLOCK_H BLOCK_N warps stages [prefetch] [lazy] [maxnreg] [nsplit of a fused merge], and the
-    # words "bits" (the integer dequant) and "fold" (the folded softmax scale) anywhere
+    # words "bits" (the integer dequant), "fold" (the folded softmax scale) and "coop" (the
+    # cooperative merge instead of the fused one) anywhere
     words = {a for a in sys.argv[1:] if not a.isdigit()}
     args = [int(a) for a in sys.argv[1:] if a.isdigit()][:8] or [64, 128, 8, 1, 0]
     print(head_batched_report(*args[:5], lazy_rescale=bool(args[5:6] and args[5]),
                               maxnreg=(args[6:7] or [None])[0] or None, merge_nsplit=(args[7:8] or [0])[0],
-                              dequant="bits" if "bits" in words else "cvt", fold_scale="fold" in words))
+                              dequant="bits" if "bits" in words else "cvt", fold_scale="fold" in words,
+                              merge="coop" if "coop" in words else "fused"))

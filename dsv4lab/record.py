@@ -89,6 +89,34 @@ def run_checks(impls=DECODE_IMPLS) -> list[dict]:
         same = torch.equal(res[0], eager[0]) and torch.equal(res[1], eager[1])
         rows.append(dict(case="graph_replay_bitwise", impl=impl, ok=bool(same)))
         _log("graph", impl, same)
+    # the merges inside the split launch (split_k.MERGES; not the default): against the reference
+    # (a row whose last slices hold no token, a sink), graph replay bitwise, arrival counts back at 0
+    inp = make_decode_inputs(2, 64, 512, context=2048, topk_len=True, sink=True, pad_frac=0.1, seed=8)
+    inp.topk_len[1] = 100
+    ro, rl = reference.sparse_decode(inp.q, inp.cache, inp.indices, **inp.kwargs())
+    plan = split_k.choose_split(2, 64, 512)
+    for merge in ("fused", "coop"):
+        fn = lambda: split_k.sparse_decode_split(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5,  # noqa: E731
+                                                 nsplit=plan.nsplit, cfg=plan.cfg, merge=merge, **inp.kwargs())
+        try:
+            with poisoned():
+                out, lse = fn()
+            row = dict(case=f"merge_{merge}", impl="splitk", nsplit=plan.nsplit, out_err=rel_err(out.float(), ro),
+                       lse_err=rel_err(lse, rl))
+            eager = fn()
+            g, res = bench.capture(fn)
+            g.replay()
+            g.replay()
+            torch.cuda.synchronize()
+            row["graph_bitwise"] = bool(torch.equal(res[0], eager[0]) and torch.equal(res[1], eager[1]))
+            cnt = split_k.workspace(2, 64, plan.nsplit, inp.q.device, split_k.partials_dtype())[2]
+            row["counts_zero"] = not bool(cnt[0::2].any())
+            row["ok"] = (row["out_err"] <= OUT_TOL and row["lse_err"] <= LSE_TOL and row["graph_bitwise"]
+                         and row["counts_zero"])
+        except Exception as e:  # record, don't stop the run
+            row = dict(case=f"merge_{merge}", impl="splitk", ok=False, error=repr(e)[:300])
+        rows.append(row)
+        _log("merge", row)
     return rows
 
 

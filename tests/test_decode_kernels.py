@@ -103,7 +103,8 @@ def test_poison_catches_unwritten_output(dev):
 
 @pytest.mark.parametrize("prefetch,nsplit,merge,fold", [(p, 1, "launch", False) for p in (0, 2, 4)] +
                          [(p, n, m, False) for p in (0, 2, 4) for n in (2, 3) for m in ("fused", "launch")] +
-                         [(p, 1, "launch", True) for p in (0, 2, 4)] + [(2, 3, "fused", True)])
+                         [(p, 1, "launch", True) for p in (0, 2, 4)] + [(2, 3, "fused", True)] +
+                         [(p, n, "coop", False) for p, n in ((0, 2), (2, 3), (4, 5))])
 def test_every_loop_of_the_head_batched_kernel(prefetch, nsplit, merge, fold, monkeypatch):
     # the kernel's loops (head_batched.py: 0 = plain, 2 = register pipeline, 4 = indices ahead; 1 is a GPU-only
     # L2 hint over loop 0) on 3 tiles of 16 + a partial one, padding and topk_len, whole rows
@@ -120,8 +121,8 @@ def test_every_loop_of_the_head_batched_kernel(prefetch, nsplit, merge, fold, mo
                                                nsplit=nsplit, cfg=cfg, merge=merge, **inp.kwargs())
     assert rel_err(out.float(), ro) <= OUT_TOL
     assert rel_err(lse, rl) <= LSE_TOL
-    if merge == "fused":    # the fused merge leaves its arrival counters at zero for the next call / graph replay
-        assert not split_k.workspace(3, 16, nsplit, inp.q.device, split_k.partials_dtype())[2].any()
+    if merge != "launch":   # an in-launch merge leaves its arrival counts at zero for the next call / graph replay
+        assert not split_k.workspace(3, 16, nsplit, inp.q.device, split_k.partials_dtype())[2][0::2].any()
 
 
 def _only_workspace(split_k):
@@ -130,7 +131,24 @@ def _only_workspace(split_k):
     return key[-1]
 
 
-@pytest.mark.parametrize("merge", ["fused", "launch"])
+def test_coop_merge_shares_and_grid_limit(monkeypatch):
+    # each slice's share of the columns: the smallest power of two whose n shares cover 512
+    from dsv4lab.kernels import common, head_batched, split_k
+    for n in range(2, 17):
+        ncol = common.coop_columns(n)
+        assert ncol & (ncol - 1) == 0 and n * ncol >= 512 and n * (ncol // 2) < 512
+    # on the GPU every program must be resident (they wait for each other): a bigger grid is refused
+    inp = make_decode_inputs(3, 16, 53, context=200)
+    cfg = head_batched.TileConfig(16, 16, 4, 1, "test", prefetch=2)
+    monkeypatch.setattr(head_batched, "is_interpret", lambda: False)
+    monkeypatch.setattr(head_batched, "sm_count", lambda: 8)
+    assert head_batched.coop_fits(2, 16, 4, cfg) and not head_batched.coop_fits(3, 16, 3, cfg)
+    with pytest.raises(ValueError, match="coop.*resident.*9 programs > 8 SMs"):
+        split_k.sparse_decode_split(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5, nsplit=3, cfg=cfg,
+                                    merge="coop", topk_len=None, attn_sink=None)
+
+
+@pytest.mark.parametrize("merge", ["fused", "launch", "coop"])
 def test_bf16_partials(merge, monkeypatch):
     # split-K with bf16 partial outputs (half the workspace bytes): one more rounding, same bound
     from dsv4lab import reference

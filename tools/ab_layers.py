@@ -2,7 +2,7 @@
 LAYERS calls on their own copies of the inputs (bench.time_per_call_in_graph_ms), beside the
 one-call graph every other table uses. One JSON.
 
-    python tools/ab_layers.py OUT.json      (SMALL / LARGE: the variants of the last run; RUN1_*: the first's)
+    python tools/ab_layers.py OUT.json      (SMALL / LARGE: the variants of the last run; RUN1_*, RUN2_*: earlier)
 
 Why: an empty kernel in a one-call graph already measures 4.2 us (launch_floor.json), a third of
 split-K's 14 us at B=1; SGLang captures a whole decode step (all layers) in one graph, so there a
@@ -38,12 +38,22 @@ def _impl(name, pdl=None):
     return run
 
 
-def _split(cfg, nsplit, merge="launch", pdl="0", dequant=None, fold=None):
+def _split(cfg, nsplit, merge="launch", pdl="0", dequant=None, fold=None, partials=None, pdl_in=False):
     def run(x):
         split_k.PDL = pdl
         head_batched.DEQUANT, head_batched.FOLD_SCALE = dequant, fold
         return split_k.sparse_decode_split(x.q, x.cache, x.indices, topk_len=x.topk_len, sm_scale=SCALE,
-                                           attn_sink=x.attn_sink, nsplit=nsplit, cfg=cfg, merge=merge)
+                                           attn_sink=x.attn_sink, nsplit=nsplit, cfg=cfg, merge=merge,
+                                           partials=partials, pdl_in=pdl_in)
+    return run
+
+
+def _mma(pdl_in=False):
+    """mma's table launch for the shape (head_batched.choose_tiles), optionally PDL-launched"""
+    def run(x):
+        cfg = head_batched.choose_tiles(x.q.shape[0], H, x.indices.shape[1])
+        return split_k.sparse_decode_split(x.q, x.cache, x.indices, topk_len=x.topk_len, sm_scale=SCALE,
+                                           attn_sink=x.attn_sink, nsplit=1, cfg=cfg, pdl_in=pdl_in)
     return run
 
 
@@ -74,20 +84,48 @@ RUN1_LARGE = {
 }
 #: run 2 (ab_layers2.json): PDL "auto", loop 2 without the dequant past a slice's end (the table's
 #: split entry) against loops 4 and 0, and the 64-head tile's loop 8 (tile 1's hint at the start)
-SMALL = {
+RUN2_SMALL = {
     "mma (table)": _impl("mma"),
     "splitk (table, PDL auto)": _impl("splitk"),
     "splitk (table, PDL off)": _impl("splitk", pdl="0"),
     "splitk, split entry loop 4": _splitk_loop(4),
     "splitk, split entry loop 0": _splitk_loop(0),
 }
-LARGE = {
+RUN2_LARGE = {
     "mma (table: loop 5)": _split(MMA, 1),
     "mma loop 8": _split(dataclasses.replace(MMA, prefetch=8), 1),
     "auto (table)": _impl("auto"),
 }
-SHAPES = [(1, SMALL), (2, SMALL), (4, SMALL), (8, SMALL),
-          (32, {"auto (table)": _impl("auto"), "mma (table)": _impl("mma")}), (64, LARGE), (128, LARGE)]
+#: run 3 (ab_coop.json): the cooperative merge (one launch: the slices of a row meet at a barrier,
+#: each merges a share of the columns) against the combine launch, and PDL for the first kernel
+#: (each call launched while the previous call drains; for mma too, so the ratio stays fair)
+SMALL = {
+    "mma (table)": _impl("mma"),
+    "mma (table) + PDL in": _mma(pdl_in=True),
+    "splitk (table)": _impl("splitk"),
+    "16x64 NSPLIT 8 fused": _split(SPLIT, 8, merge="fused"),
+    "16x64 NSPLIT 8 coop": _split(SPLIT, 8, merge="coop"),
+    "16x64 NSPLIT 8 coop fp32": _split(SPLIT, 8, merge="coop", partials=torch.float32),
+    "16x64 NSPLIT 8 coop + PDL in": _split(SPLIT, 8, merge="coop", pdl_in=True),
+    "16x64 NSPLIT 4 coop": _split(SPLIT, 4, merge="coop"),
+    "16x32w4 NSPLIT 16 coop": _split(S32, 16, merge="coop"),
+    "16x32w4 NSPLIT 16 coop + PDL in": _split(S32, 16, merge="coop", pdl_in=True),
+    "16x64 NSPLIT 8 launch + PDL in": _split(SPLIT, 8, pdl="auto", pdl_in=True),
+}
+LARGE = {
+    "mma (table)": _impl("mma"),
+    "mma (table) + PDL in": _mma(pdl_in=True),
+    "auto (table)": _impl("auto"),
+}
+SHAPES = [(1, SMALL), (2, SMALL), (4, SMALL), (8, SMALL), (32, LARGE), (128, LARGE)]
+
+
+def _fits(B, name):
+    """coop variants only where every program can be resident (head_batched.coop_fits)"""
+    if "coop" not in name:
+        return True
+    cfg, n = (S32, 16) if "16x32" in name else (SPLIT, 4 if "NSPLIT 4" in name else 8)
+    return head_batched.coop_fits(B, H, n, cfg)
 
 
 def _reset():
@@ -96,7 +134,8 @@ def _reset():
 
 def main(path):
     rows = []
-    chk = make_decode_inputs(3, H, K, context=1500, topk_len=True, sink=True, pad_frac=0.1, seed=41)
+    chk = make_decode_inputs(2, H, K, context=1500, topk_len=True, sink=True, pad_frac=0.1, seed=41)
+    chk.topk_len[1] = 100                 # a row whose last slices hold no token
     ro, rl = reference.sparse_decode(chk.q, chk.cache, chk.indices, sm_scale=SCALE, **chk.kwargs())
     for name, fn in {**SMALL, **LARGE}.items():
         with poisoned():
@@ -111,6 +150,8 @@ def main(path):
         copies = bench.layer_copies(inp, LAYERS)
         graphs, best = {}, {}
         for name, fn in variants.items():
+            if not _fits(B, name):
+                continue
             eager = [tuple(t.clone() for t in fn(x)) for x in copies]
             g1, _ = bench.capture(lambda: fn(inp))                          # noqa: B023
             gl, res = bench.capture(lambda: [fn(x) for x in copies])        # noqa: B023

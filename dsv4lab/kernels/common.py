@@ -169,7 +169,8 @@ def gather_kv_tile(kv_fp8, kv_u8, kv_bf16, tok, valid, PAGE_SIZE: tl.constexpr, 
 @triton.jit
 def merge_partials(O_PART, LSE_PART, SINK, O, LSE, b, heads, hmask, H, nsplit,
                    stride_pb, stride_ph, stride_ps, stride_ob, stride_oh,
-                   HAS_SINK: tl.constexpr, SPLIT_P2: tl.constexpr, DCHUNK: tl.constexpr, D: tl.constexpr):
+                   HAS_SINK: tl.constexpr, SPLIT_P2: tl.constexpr, DCHUNK: tl.constexpr, D: tl.constexpr,
+                   col0=0, NCOL: tl.constexpr = 0, store_lse=True):
     """Split-K's merge for the rows ``heads`` of batch ``b``, by log-sum-exp:
 
         lse = log(sum_i exp(lse_i)),   o = sum_i exp(lse_i - lse) * o_i
@@ -177,7 +178,10 @@ def merge_partials(O_PART, LSE_PART, SINK, O, LSE, b, heads, hmask, H, nsplit,
     Splits with lse_i = -inf (no valid token) weigh 0; a row with none at all gives
     o = 0, lse = -inf; the sink is applied once, here. All NSPLIT partials of a column
     chunk are loaded in one [heads, splits, DCHUNK] tensor so the loads overlap. Loads
-    bypass L1 (.cg): the partials were written by other programs of the same launch."""
+    bypass L1 (.cg): the partials were written by other programs of the same launch.
+    ``col0``/``NCOL``: merge only columns col0 .. col0 + NCOL - 1 (< D) of the rows (NCOL 0: all D;
+    the cooperative merge gives each slice's program a share); ``store_lse``: whether this
+    program writes the merged lse (one program of those sharing the rows)."""
     s = tl.arange(0, SPLIT_P2)
     smask = s < nsplit
     lse_i = tl.load(LSE_PART + (b * H + heads)[:, None] * nsplit + s[None, :],
@@ -194,15 +198,37 @@ def merge_partials(O_PART, LSE_PART, SINK, O, LSE, b, heads, hmask, H, nsplit,
         scale = scale * tl.exp(lse - new_lse)
         lse = new_lse
     w = w * scale[:, None]
-    for c in tl.static_range(0, D, DCHUNK):
-        col = c + tl.arange(0, DCHUNK)
+    ncol: tl.constexpr = NCOL if NCOL > 0 else D
+    for c in tl.static_range(0, ncol, DCHUNK):
+        col = col0 + c + tl.arange(0, DCHUNK)
+        cmask = col < D
         o_i = tl.load(O_PART + b * stride_pb + heads[:, None, None] * stride_ph + s[None, :, None] * stride_ps
-                      + col[None, None, :], mask=hmask[:, None, None] & smask[None, :, None], other=0.0,
-                      cache_modifier=".cg")
+                      + col[None, None, :], mask=hmask[:, None, None] & smask[None, :, None] & cmask[None, None, :],
+                      other=0.0, cache_modifier=".cg")
         out = tl.sum(w[:, :, None] * o_i, axis=1)
         tl.store(O + b * stride_ob + heads[:, None] * stride_oh + col[None, :], out.to(O.dtype.element_ty),
-                 mask=hmask[:, None])
-    tl.store(LSE + b * H + heads, lse, mask=hmask)
+                 mask=hmask[:, None] & cmask[None, :])
+    if store_lse:
+        tl.store(LSE + b * H + heads, lse, mask=hmask)
+
+
+@triton.jit
+def coop_merge_share(O_PART, LSE_PART, SINK, O, LSE, b, heads, hmask, H, sp, nsplit,
+                     stride_pb, stride_ph, stride_ps, stride_ob, stride_oh,
+                     HAS_SINK: tl.constexpr, SPLIT_P2: tl.constexpr, DCHUNK: tl.constexpr, D: tl.constexpr,
+                     NCOL: tl.constexpr):
+    """The cooperative merge's share of slice ``sp``: columns sp*NCOL .. sp*NCOL + NCOL - 1 of the
+    rows ``heads`` (NCOL = coop_columns(nsplit); shares past D are empty), merged from all
+    ``nsplit`` partials; slice 0 writes the lse."""
+    merge_partials(O_PART, LSE_PART, SINK, O, LSE, b, heads, hmask, H, nsplit,
+                   stride_pb, stride_ph, stride_ps, stride_ob, stride_oh, HAS_SINK, SPLIT_P2, DCHUNK, D,
+                   sp * NCOL, NCOL, sp == 0)
+
+
+def coop_columns(nsplit: int, d: int = 512) -> int:
+    """Columns each slice's program merges in the cooperative merge: a power of two (a Triton
+    range), at least ceil(d / nsplit), so nsplit shares cover all d."""
+    return triton.next_power_of_2(triton.cdiv(d, nsplit))
 
 
 def merge_chunk(heads: int, split_p2: int, num_warps: int, d: int = 512, per_thread: int = 32) -> int:

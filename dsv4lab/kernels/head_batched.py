@@ -24,8 +24,8 @@ import triton.language as tl
 
 from ..api import register
 from ..device import info, is_interpret
-from .common import (LOG2E, MAX_SCALE_BYTE, alloc, cache_views, dequant_kv, dot_dtype, finish, gather_kv_tile, load_kv_raw,
-                     merge_chunk, merge_partials, out_dtype, prefetch_kv_l2, prefetch_kv_l2_bulk, trace_point)
+from .common import (LOG2E, MAX_SCALE_BYTE, alloc, cache_views, coop_columns, coop_merge_share, dequant_kv, dot_dtype,
+                     finish, gather_kv_tile, load_kv_raw, merge_chunk, merge_partials, out_dtype, prefetch_kv_l2, prefetch_kv_l2_bulk, trace_point, use_pdl)
 
 
 @triton.jit
@@ -93,10 +93,12 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
                          LAUNCH_DEPENDENTS: tl.constexpr = False,
                          DEQUANT_BITS: tl.constexpr = False, FOLD_SCALE: tl.constexpr = False,
                          CNT=None, O_FINAL=None, LSE_FINAL=None, stride_fb=0, stride_fh=0,
-                         MERGE: tl.constexpr = False, SPLIT_P2: tl.constexpr = 1, DCHUNK: tl.constexpr = 64,
-                         TRACE=None):
+                         MERGE: tl.constexpr = 0, SPLIT_P2: tl.constexpr = 1, DCHUNK: tl.constexpr = 64,
+                         NCOL: tl.constexpr = 0, WAIT_PRIOR: tl.constexpr = False, TRACE=None):
     if TRACE is not None:
         trace_point(TRACE, 0)                       # program start
+    if WAIT_PRIOR:
+        tl.extra.cuda.gdc_wait()                   # launched early (PDL): the previous kernel's results first
     if LAUNCH_DEPENDENTS:
         tl.extra.cuda.gdc_launch_dependents()      # let the combine kernel launch now (it waits on the GPU)
     b = tl.program_id(0)
@@ -245,19 +247,39 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
     tl.store(LSE + (b * H + heads) * tl.num_programs(2) + sp, lse, mask=hmask)
     if TRACE is not None:
         trace_point(TRACE, 2, lse)                  # stores issued
-    if MERGE:
+    if MERGE == 1:
         # Split-K without a second launch: the last slice of (b, head block) to finish
         # merges all of them. Every thread's partial stores are ordered before the
         # counter's release (barrier + acq_rel atomic, CUTLASS's semaphore pattern); the
         # last program resets the counter, so a CUDA graph replays from zero.
         tl.debug_barrier()
-        cnt = CNT + b * tl.num_programs(1) + hb
+        cnt = CNT + 2 * (b * tl.num_programs(1) + hb)
         arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
         if arrived == tl.num_programs(2) - 1:
             merge_partials(O, LSE, SINK, O_FINAL, LSE_FINAL, b, heads, hmask, H, tl.num_programs(2),
                            stride_ob, stride_oh, stride_os, stride_fb, stride_fh,
                            HAS_SINK, SPLIT_P2, DCHUNK, D)
             tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+    if MERGE == 2:
+        # Cooperative merge (GPU only, every program of the launch resident at once: launch()
+        # checks the grid fits the SMs): the NSPLIT slices of (b, head block) meet at a barrier,
+        # then each merges its own share of the 512 columns from all NSPLIT partials. A
+        # generation word makes the barrier reusable: read before arriving, bumped (release) by
+        # the last to arrive, after it resets the count; the others spin (acquire) until it moves.
+        tl.debug_barrier()
+        cnt = CNT + 2 * (b * tl.num_programs(1) + hb)
+        gen = tl.atomic_add(cnt + 1, 0, sem="relaxed", scope="gpu")
+        arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+        if arrived == tl.num_programs(2) - 1:
+            tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+            tl.atomic_add(cnt + 1, 1, sem="release", scope="gpu")
+        else:
+            now = tl.atomic_add(cnt + 1, 0, sem="acquire", scope="gpu")
+            while now == gen:
+                now = tl.atomic_add(cnt + 1, 0, sem="acquire", scope="gpu")
+        tl.debug_barrier()
+        coop_merge_share(O, LSE, SINK, O_FINAL, LSE_FINAL, b, heads, hmask, H, sp, tl.num_programs(2),
+                         stride_ob, stride_oh, stride_os, stride_fb, stride_fh, HAS_SINK, SPLIT_P2, DCHUNK, D, NCOL)
 
 
 #: How a tile's fp8 bytes become bf16 on the GPU: "cvt" (the conversion instructions) or "bits"
@@ -397,14 +419,39 @@ def choose_tiles(B: int, H: int, K: int, sms: int | None = None) -> TileConfig:
     return min((big, small), key=lambda c: model_us(c, B, H, K, sms=sms)[3])
 
 
+@triton.jit
+def _coop_merge_kernel(O_PART, LSE_PART, SINK, O, LSE, H, stride_pb, stride_ph, stride_ps, stride_ob, stride_oh,
+                       HAS_SINK: tl.constexpr, BLOCK_H: tl.constexpr, SPLIT_P2: tl.constexpr,
+                       DCHUNK: tl.constexpr, D: tl.constexpr, NCOL: tl.constexpr):
+    """The cooperative merge's second half as its own launch, same grid and code
+    (common.coop_merge_share): the interpreter runs programs one after another, so a barrier
+    inside one launch would wait forever there."""
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    coop_merge_share(O_PART, LSE_PART, SINK, O, LSE, tl.program_id(0), heads, heads < H, H,
+                     tl.program_id(2), tl.num_programs(2), stride_pb, stride_ph, stride_ps, stride_ob, stride_oh,
+                     HAS_SINK, SPLIT_P2, DCHUNK, D, NCOL)
+
+
+def coop_fits(B: int, H: int, nsplit: int, cfg: TileConfig) -> bool:
+    """The cooperative merge waits inside the launch for every slice of a row, so on the GPU every
+    program must be resident at once: at most one program per SM (a program always fits one SM).
+    The interpreter runs it as two launches (launch()), so any grid fits there."""
+    return is_interpret() or B * triton.cdiv(H, cfg.block_h) * nsplit <= sm_count()
+
+
 def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, *, nsplit=1, split_len=None,
-           cfg: TileConfig | None = None, pdl: bool = False, merge_into=None, trace=None):
+           cfg: TileConfig | None = None, pdl: bool = False, merge_into=None, merge: str = "fused",
+           pdl_in: bool = False, trace=None):
     """Launch the head-batched kernel; with nsplit > 1, ``out``/``lse`` are the partial
     workspaces [B, H, NSPLIT, 512] (fp32 or bf16) / [B, H, NSPLIT] fp32.
-    ``merge_into=(out, lse, counters)``: the last slice of each row merges in this launch
-    and applies ``attn_sink`` (counters: int32 zeros, >= B x head blocks; each launch leaves
-    them zero); otherwise split_k's combine kernel merges and ``attn_sink`` must be None here.
+    ``merge_into=(out, lse, counters)``: the split launch merges the partials itself and
+    applies ``attn_sink`` (counters: int32 zeros, >= 2 x B x head blocks; each launch leaves
+    the counts zero), ``merge`` "fused" (the last slice of each row to finish merges it) or
+    "coop" (all slices of a row meet at a barrier and each merges a share of the columns; needs
+    coop_fits); otherwise split_k's combine kernel merges and ``attn_sink`` must be None here.
     ``pdl``: the next launch (split-K's combine) is a programmatic dependent launch.
+    ``pdl_in``: this launch is one (of whatever kernel precedes it on the stream): it may start
+    while that kernel drains and waits (griddepcontrol.wait) before reading anything.
     ``trace``: int64 [programs, 4] (GPU only): per program the %globaltimer ns at its start, after
     its last tile, after its stores, and its SM id (common.trace_point; tools/trace_decode.py)."""
     B, H, D = q.shape
@@ -417,6 +464,10 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, *, nsplit
         split_len = triton.cdiv(triton.cdiv(K, nsplit), cfg.block_n) * cfg.block_n
     fp8, u8, bf16 = cache_views(cache)
     grid = (B, triton.cdiv(H, cfg.block_h), nsplit)
+    merge_kw = _merge_args(merge_into, merge, B, H, nsplit, cfg)
+    two_step = merge_kw.get("MERGE") == 2 and is_interpret()
+    if two_step:
+        merge_kw = {}
     _head_batched_kernel[grid](
         q, fp8, u8, bf16, indices,
         topk_len if topk_len is not None else lse,
@@ -429,9 +480,19 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, *, nsplit
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, D=D, NOPE=448, DOT=dot_dtype(),
         LAZY_RESCALE=cfg.lazy_rescale, PREFETCH=_prefetch_mode(cfg.prefetch),
         LAUNCH_DEPENDENTS=pdl, DEQUANT_BITS=dequant_bits(cfg, nsplit),
-        FOLD_SCALE=fold_scale(cfg, nsplit), TRACE=trace,
-        **_merge_args(merge_into, B, H, nsplit, cfg),
+        FOLD_SCALE=fold_scale(cfg, nsplit), TRACE=trace, **merge_kw,
+        **(dict(WAIT_PRIOR=True, launch_pdl=True) if pdl_in and use_pdl() else {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if two_step:
+        final, final_lse, _ = merge_into
+        ncol = coop_columns(nsplit, D)
+        _coop_merge_kernel[grid](out, lse, attn_sink if attn_sink is not None else lse, final, final_lse, H,
+                                 out.stride(0), out.stride(1), out.stride(2), final.stride(0), final.stride(1),
+                                 HAS_SINK=attn_sink is not None, BLOCK_H=cfg.block_h,
+                                 SPLIT_P2=triton.next_power_of_2(nsplit),
+                                 DCHUNK=min(ncol, merge_chunk(cfg.block_h, triton.next_power_of_2(nsplit),
+                                                              cfg.num_warps, per_thread=64)),
+                                 D=D, NCOL=ncol, num_warps=cfg.num_warps)
 
 
 def _prefetch_mode(prefetch: int) -> int:
@@ -441,15 +502,25 @@ def _prefetch_mode(prefetch: int) -> int:
     return prefetch
 
 
-def _merge_args(merge_into, B, H, nsplit, cfg):
+def _merge_args(merge_into, merge, B, H, nsplit, cfg):
     if merge_into is None:
         return {}
+    if merge not in ("fused", "coop"):
+        raise ValueError(f"merge must be 'fused' or 'coop' with merge_into, got {merge!r}")
     out, lse, counters = merge_into
-    assert nsplit > 1 and counters.dtype == torch.int32 and counters.numel() >= B * triton.cdiv(H, cfg.block_h)
+    assert nsplit > 1 and counters.dtype == torch.int32 and counters.numel() >= 2 * B * triton.cdiv(H, cfg.block_h)
     split_p2 = triton.next_power_of_2(nsplit)
     dchunk = merge_chunk(cfg.block_h, split_p2, cfg.num_warps, per_thread=64)
-    return dict(CNT=counters, O_FINAL=out, LSE_FINAL=lse, stride_fb=out.stride(0), stride_fh=out.stride(1),
-                MERGE=True, SPLIT_P2=split_p2, DCHUNK=dchunk)
+    kw = dict(CNT=counters, O_FINAL=out, LSE_FINAL=lse, stride_fb=out.stride(0), stride_fh=out.stride(1),
+              MERGE=1, SPLIT_P2=split_p2, DCHUNK=dchunk)
+    if merge == "coop":
+        if not coop_fits(B, H, nsplit, cfg):
+            nhb = triton.cdiv(H, cfg.block_h)
+            raise ValueError(f"merge='coop' needs every program resident at once: B={B} x {nhb} head blocks "
+                             f"x nsplit={nsplit} = {B * nhb * nsplit} programs > {sm_count()} SMs")
+        ncol = coop_columns(nsplit, out.shape[-1])
+        kw.update(MERGE=2, NCOL=ncol, DCHUNK=min(ncol, dchunk))
+    return kw
 
 
 @register("sparse_decode", "mma")

@@ -155,8 +155,9 @@ if PDL not in ("auto", "0", "1"):
 #: data/runs/h200/ab_merge.json): one SM reads all NSPLIT partials of its row (up to 1 MB)
 #: where the combine kernel spreads the merge over B x H programs.
 MERGE = os.environ.get("DSV4LAB_MERGE", "launch")
-if MERGE not in ("launch", "fused"):
-    raise ValueError(f"DSV4LAB_MERGE must be 'launch' or 'fused', got {MERGE!r}")
+MERGES = ("launch", "fused", "coop")
+if MERGE not in MERGES:
+    raise ValueError(f"DSV4LAB_MERGE must be one of {MERGES}, got {MERGE!r}")
 _WORKSPACE: dict = {}
 
 
@@ -189,7 +190,7 @@ def workspace(B, H, nsplit, device, partials=torch.float32):
 
 
 def sparse_decode_split(q, cache, indices, *, topk_len, sm_scale, attn_sink, nsplit, cfg, merge=None,
-                        partials=None):
+                        partials=None, pdl_in=False):
     """The head-batched kernel body on ``nsplit`` slices of each top-k row, then the merge.
     With nsplit == 1 the kernel writes the answer directly (no workspace, no combine).
     ``merge``: "fused" (the last slice of each row merges, one launch) or "launch" (a
@@ -201,22 +202,22 @@ def sparse_decode_split(q, cache, indices, *, topk_len, sm_scale, attn_sink, nsp
     out = alloc((B, H, D), out_dtype(), q.device)
     lse = alloc((B, H), torch.float32, q.device)
     if nsplit == 1:
-        head_batched.launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, cfg=cfg)
+        head_batched.launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, cfg=cfg, pdl_in=pdl_in)
         return finish(out), lse
     o_part, lse_part, counters = workspace(B, H, nsplit, q.device, partials or partials_dtype())
     if common._POISON[0]:
         o_part.fill_(float("nan"))
         lse_part.fill_(float("nan"))
     merge = merge or MERGE
-    if merge not in ("launch", "fused"):
-        raise ValueError(f"merge must be 'launch' or 'fused', got {merge!r}")
-    if merge == "fused":
+    if merge not in MERGES:
+        raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
+    if merge != "launch":
         head_batched.launch(q, cache, indices, topk_len, sm_scale, attn_sink, o_part, lse_part,
-                            nsplit=nsplit, cfg=cfg, merge_into=(out, lse, counters))
+                            nsplit=nsplit, cfg=cfg, merge_into=(out, lse, counters), merge=merge, pdl_in=pdl_in)
         return finish(out), lse
     pdl = pdl_kwargs(B * triton.cdiv(H, cfg.block_h) * nsplit)
     head_batched.launch(q, cache, indices, topk_len, sm_scale, None, o_part, lse_part,
-                        nsplit=nsplit, cfg=cfg, pdl=bool(pdl))
+                        nsplit=nsplit, cfg=cfg, pdl=bool(pdl), pdl_in=pdl_in)
     combine(o_part, lse_part, attn_sink, out, lse, **pdl)
     return finish(out), lse
 
