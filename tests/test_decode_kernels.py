@@ -146,6 +146,14 @@ def test_coop_merge_shares_and_grid_limit(monkeypatch):
     with pytest.raises(ValueError, match="coop.*resident.*9 programs > 8 SMs"):
         split_k.sparse_decode_split(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5, nsplit=3, cfg=cfg,
                                     merge="coop", topk_len=None, attn_sink=None)
+    # chosen by the environment (DSV4LAB_MERGE=coop) instead: the combine launch where coop cannot run
+    launched = []
+    monkeypatch.setattr(split_k, "MERGE", "coop")
+    monkeypatch.setattr(split_k, "combine", lambda *a, **k: launched.append(1))
+    monkeypatch.setattr(head_batched, "launch", lambda *a, **k: launched.append(k.get("merge_into")))
+    split_k.sparse_decode_split(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5, nsplit=3, cfg=cfg,
+                                topk_len=None, attn_sink=None)
+    assert launched == [None, 1]                                 # split launch without merge_into, then the combine
 
 
 @pytest.mark.parametrize("merge", ["fused", "launch", "coop"])

@@ -367,10 +367,10 @@ TILE_TABLE = {
     ("9.0", "mma"): TileConfig(64, 128, 8, 1, "H200 sweep, data/runs/h200/tiles.json (fastest at B=128); "
                                "loop 5 from ab_prefetch.json (B=128 62.1 -> 58.6 us), bits + fold from the "
                                "same run (58.6 -> 57.5 us); costs from split.json",
-                               prefetch=5, us_per_tile=9.824, fixed_us=9.38, merge_us=0.69,
+                               prefetch=5, us_per_tile=9.76, fixed_us=9.66, merge_us=0.83,
                                dequant="bits", fold_scale=True),
     ("9.0", "split"): TileConfig(16, 64, 8, 1, "H200 sweep, data/runs/h200/split.json (fastest at B=1)",
-                                 prefetch=2, us_per_tile=3.259, fixed_us=9.96, merge_us=0.0),
+                                 prefetch=2, us_per_tile=3.287, fixed_us=10.09, merge_us=0.0),
     ("12.0", "mma"): TileConfig(64, 16, 8, 1, "paper estimate for RTX PRO 6000 (sm_120): not measured"),
     ("12.0", "split"): TileConfig(64, 16, 8, 1, "paper estimate for RTX PRO 6000 (sm_120): not measured"),
     ("interpret", "mma"): TileConfig(16, 16, 4, 1, "interpreter: small tiles keep numpy fast"),

@@ -153,7 +153,11 @@ if PDL not in ("auto", "0", "1"):
 #: inside the split launch. With fp32 partials fused was slower on the H200 at all but one
 #: launch shape, where it tied (B=1 13.6 -> 16.5 us, B=32 32.7 -> 38.3;
 #: data/runs/h200/ab_merge.json): one SM reads all NSPLIT partials of its row (up to 1 MB)
-#: where the combine kernel spreads the merge over B x H programs.
+#: where the combine kernel spreads the merge over B x H programs. "coop": the slices of a row
+#: meet at a barrier and each merges a share of the columns (head_batched; only where every
+#: program is resident, else this default falls back to "launch"): per call in an 8-call graph
+#: at B=1 11.2 us against the combine launch's 9.4 (ab_coop.json): the barrier's release and
+#: polling through L2 cost more than a PDL launch's wait.
 MERGE = os.environ.get("DSV4LAB_MERGE", "launch")
 MERGES = ("launch", "fused", "coop")
 if MERGE not in MERGES:
@@ -193,9 +197,13 @@ def sparse_decode_split(q, cache, indices, *, topk_len, sm_scale, attn_sink, nsp
                         partials=None, pdl_in=False):
     """The head-batched kernel body on ``nsplit`` slices of each top-k row, then the merge.
     With nsplit == 1 the kernel writes the answer directly (no workspace, no combine).
-    ``merge``: "fused" (the last slice of each row merges, one launch) or "launch" (a
-    second, combine kernel); default MERGE (env DSV4LAB_MERGE). ``partials``: the dtype
-    of the partial outputs, default partials_dtype() (bf16 halves fp32's bytes for one more rounding)."""
+    ``merge``: "launch" (a second, combine kernel), "fused" (the last slice of each row merges,
+    one launch) or "coop" (every slice merges a share after a barrier, one launch; needs
+    head_batched.coop_fits); default MERGE (env DSV4LAB_MERGE). ``partials``: the dtype
+    of the partial outputs, default partials_dtype() (bf16 halves fp32's bytes for one more rounding).
+    ``pdl_in``: the first launch is a programmatic dependent launch of whatever precedes it on
+    the stream (head_batched.launch; measured 0.1-0.3 us less per call in a graph of 8 calls,
+    for mma as for split-K, ab_coop.json)."""
     B, H, D = q.shape
     q = q.contiguous()
     indices = indices.contiguous()
@@ -208,7 +216,10 @@ def sparse_decode_split(q, cache, indices, *, topk_len, sm_scale, attn_sink, nsp
     if common._POISON[0]:
         o_part.fill_(float("nan"))
         lse_part.fill_(float("nan"))
-    merge = merge or MERGE
+    if merge is None:
+        merge = MERGE
+        if merge == "coop" and not head_batched.coop_fits(B, H, nsplit, cfg):
+            merge = "launch"          # the env's choice where it can run; an explicit merge="coop" raises
     if merge not in MERGES:
         raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
     if merge != "launch":
