@@ -121,7 +121,7 @@ def test_every_loop_of_the_head_batched_kernel(prefetch, nsplit, merge, fold, mo
                                                nsplit=nsplit, cfg=cfg, merge=merge, **inp.kwargs())
     assert rel_err(out.float(), ro) <= OUT_TOL
     assert rel_err(lse, rl) <= LSE_TOL
-    if merge != "launch":   # an in-launch merge leaves its arrival counts at zero for the next call / graph replay
+    if merge != "launch":   # in-launch merges leave their arrival counts at zero (coop: two launches here, untouched)
         assert not split_k.workspace(3, 16, nsplit, inp.q.device, split_k.partials_dtype())[2][0::2].any()
 
 
@@ -154,6 +154,24 @@ def test_coop_merge_shares_and_grid_limit(monkeypatch):
     split_k.sparse_decode_split(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5, nsplit=3, cfg=cfg,
                                 topk_len=None, attn_sink=None)
     assert launched == [None, 1]                                 # split launch without merge_into, then the combine
+
+
+@pytest.mark.parametrize("merge", ["fused", "coop"])
+def test_in_launch_merge_with_one_head(merge):
+    # H=1 (one head block of 16 rows, 15 masked): the barrier words must still fit the workspace
+    from dsv4lab import reference
+    from dsv4lab.kernels import head_batched, split_k
+    inp = make_decode_inputs(2, 1, 53, context=200, pad_frac=0.2, topk_len=True, sink=True)
+    cfg = head_batched.TileConfig(16, 16, 4, 1, "test", prefetch=2)
+    ro, rl = reference.sparse_decode(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5, **inp.kwargs())
+    with poisoned():
+        out, lse = split_k.sparse_decode_split(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5, nsplit=3,
+                                               cfg=cfg, merge=merge, **inp.kwargs())
+    assert rel_err(out.float(), ro) <= OUT_TOL and rel_err(lse, rl) <= LSE_TOL
+    with pytest.raises(ValueError, match="merge_into.*int32 counters of >= 2 x 2"):
+        head_batched.launch(inp.q, inp.cache, inp.indices, None, 512**-0.5, None,
+                            *split_k.workspace(2, 1, 3, inp.q.device)[:2], nsplit=3, cfg=cfg,
+                            merge_into=(out, lse, torch.zeros(3, dtype=torch.int32)), merge=merge)
 
 
 @pytest.mark.parametrize("merge", ["fused", "launch", "coop"])

@@ -95,10 +95,10 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
                          CNT=None, O_FINAL=None, LSE_FINAL=None, stride_fb=0, stride_fh=0,
                          MERGE: tl.constexpr = 0, SPLIT_P2: tl.constexpr = 1, DCHUNK: tl.constexpr = 64,
                          NCOL: tl.constexpr = 0, WAIT_PRIOR: tl.constexpr = False, TRACE=None):
-    if TRACE is not None:
-        trace_point(TRACE, 0)                       # program start
     if WAIT_PRIOR:
         tl.extra.cuda.gdc_wait()                   # launched early (PDL): the previous kernel's results first
+    if TRACE is not None:
+        trace_point(TRACE, 0)                       # program start (after the PDL wait, if any)
     if LAUNCH_DEPENDENTS:
         tl.extra.cuda.gdc_launch_dependents()      # let the combine kernel launch now (it waits on the GPU)
     b = tl.program_id(0)
@@ -435,6 +435,8 @@ def _coop_merge_kernel(O_PART, LSE_PART, SINK, O, LSE, H, stride_pb, stride_ph, 
 def coop_fits(B: int, H: int, nsplit: int, cfg: TileConfig) -> bool:
     """The cooperative merge waits inside the launch for every slice of a row, so on the GPU every
     program must be resident at once: at most one program per SM (a program always fits one SM).
+    launch() also makes it a cooperative launch, so the driver refuses a grid that cannot be
+    co-resident (another kernel holding SMs, an MPS share) instead of the programs waiting forever.
     The interpreter runs it as two launches (launch()), so any grid fits there."""
     return is_interpret() or B * triton.cdiv(H, cfg.block_h) * nsplit <= sm_count()
 
@@ -482,6 +484,7 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, *, nsplit
         LAUNCH_DEPENDENTS=pdl, DEQUANT_BITS=dequant_bits(cfg, nsplit),
         FOLD_SCALE=fold_scale(cfg, nsplit), TRACE=trace, **merge_kw,
         **(dict(WAIT_PRIOR=True, launch_pdl=True) if pdl_in and use_pdl() else {}),
+        **(dict(launch_cooperative_grid=True) if merge_kw.get("MERGE") == 2 else {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if two_step:
         final, final_lse, _ = merge_into
@@ -508,7 +511,10 @@ def _merge_args(merge_into, merge, B, H, nsplit, cfg):
     if merge not in ("fused", "coop"):
         raise ValueError(f"merge must be 'fused' or 'coop' with merge_into, got {merge!r}")
     out, lse, counters = merge_into
-    assert nsplit > 1 and counters.dtype == torch.int32 and counters.numel() >= 2 * B * triton.cdiv(H, cfg.block_h)
+    groups = B * triton.cdiv(H, cfg.block_h)
+    if nsplit < 2 or counters.dtype != torch.int32 or counters.numel() < 2 * groups:
+        raise ValueError(f"merge_into: an in-launch merge needs nsplit >= 2 (got {nsplit}) and int32 counters of "
+                         f">= 2 x {groups} (batch x head blocks) words, got {counters.dtype} [{counters.numel()}]")
     split_p2 = triton.next_power_of_2(nsplit)
     dchunk = merge_chunk(cfg.block_h, split_p2, cfg.num_warps, per_thread=64)
     kw = dict(CNT=counters, O_FINAL=out, LSE_FINAL=lse, stride_fb=out.stride(0), stride_fh=out.stride(1),

@@ -156,8 +156,9 @@ if PDL not in ("auto", "0", "1"):
 #: where the combine kernel spreads the merge over B x H programs. "coop": the slices of a row
 #: meet at a barrier and each merges a share of the columns (head_batched; only where every
 #: program is resident, else this default falls back to "launch"): per call in an 8-call graph
-#: at B=1 11.2 us against the combine launch's 9.4 (ab_coop.json): the barrier's release and
-#: polling through L2 cost more than a PDL launch's wait.
+#: at B=1 11.2 us against the combine launch's 9.4 (ab_coop.json; as a cooperative launch 11.1
+#: against 9.2, ab_coop_cooperative.json): the barrier's release and polling through L2 cost
+#: more than a PDL launch's wait.
 MERGE = os.environ.get("DSV4LAB_MERGE", "launch")
 MERGES = ("launch", "fused", "coop")
 if MERGE not in MERGES:
@@ -181,15 +182,16 @@ def partials_dtype() -> torch.dtype:
 
 
 def workspace(B, H, nsplit, device, partials=torch.float32):
-    """Partials (o [B,H,NSPLIT,512] in ``partials``, lse [B,H,NSPLIT] fp32) and the fused
-    merge's arrival counters (int32 [B*H], zero; each launch leaves them zero), allocated
-    once per shape. One workspace per shape: two split-K calls of one shape must not run
-    concurrently."""
+    """Partials (o [B,H,NSPLIT,512] in ``partials``, lse [B,H,NSPLIT] fp32) and the in-launch
+    merges' barrier words (int32 [2*B*H], zero: per (batch, head block) an arrival count, which
+    each launch leaves at zero, and the cooperative merge's generation word, which only grows),
+    allocated once per shape. One workspace per shape: two split-K calls of one shape must not
+    run concurrently."""
     key = (str(device), B, H, nsplit, partials)
     if key not in _WORKSPACE:
         _WORKSPACE[key] = (torch.empty(B, H, nsplit, 512, dtype=partials, device=device),
                            torch.empty(B, H, nsplit, dtype=torch.float32, device=device),
-                           torch.zeros(B * H, dtype=torch.int32, device=device))
+                           torch.zeros(2 * B * H, dtype=torch.int32, device=device))
     return _WORKSPACE[key]
 
 
