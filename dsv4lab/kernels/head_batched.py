@@ -25,7 +25,8 @@ import triton.language as tl
 from ..api import register
 from ..device import info, is_interpret
 from .common import (LOG2E, MAX_SCALE_BYTE, alloc, cache_views, coop_columns, coop_merge_share, dequant_kv, dot_dtype,
-                     finish, gather_kv_tile, load_kv_raw, merge_chunk, merge_partials, out_dtype, prefetch_kv_l2, prefetch_kv_l2_bulk, trace_point, use_pdl)
+                     finish, gather_kv_tile, load_kv_raw, merge_chunk, merge_partials, out_dtype, prefetch_kv_l2,
+                     prefetch_kv_l2_bulk, trace_point, use_pdl)
 
 
 @triton.jit
@@ -262,9 +263,9 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
             tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
     if MERGE == 2:
         # Cooperative merge (GPU only, every program of the launch resident at once: launch()
-        # checks the grid fits the SMs): the NSPLIT slices of (b, head block) meet at a barrier,
-        # then each merges its own share of the 512 columns from all NSPLIT partials. A
-        # generation word makes the barrier reusable: read before arriving, bumped (release) by
+        # checks the grid fits the SMs and makes it a cooperative launch): the NSPLIT slices of
+        # (b, head block) meet at a barrier, then each merges its own share of the 512 columns
+        # from all NSPLIT partials. A generation word makes the barrier reusable: read before arriving, bumped (release) by
         # the last to arrive, after it resets the count; the others spin (acquire) until it moves.
         tl.debug_barrier()
         cnt = CNT + 2 * (b * tl.num_programs(1) + hb)
