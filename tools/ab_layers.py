@@ -2,7 +2,7 @@
 LAYERS calls on their own copies of the inputs (bench.time_per_call_in_graph_ms), beside the
 one-call graph every other table uses. One JSON.
 
-    python tools/ab_layers.py OUT.json      (SMALL / LARGE: the variants of the last run; RUN1_*, RUN2_*: earlier)
+    python tools/ab_layers.py OUT.json [coop|coop-again|mma64]     (RUNS; RUN1_*, RUN2_*: earlier runs' variants)
 
 Why: an empty kernel in a one-call graph already measures 4.2 us (launch_floor.json), a third of
 split-K's 14 us at B=1; SGLang captures a whole decode step (all layers) in one graph, so there a
@@ -118,6 +118,14 @@ LARGE = {
     "auto (table)": _impl("auto"),
 }
 SHAPES = [(1, SMALL), (2, SMALL), (4, SMALL), (8, SMALL), (32, LARGE), (128, LARGE)]
+#: run 4 (ab_coop_cooperative.json): the coop merge again once it became a cooperative launch
+COOP_AGAIN = {k: SMALL[k] for k in ("mma (table)", "splitk (table)", "16x64 NSPLIT 8 coop", "16x64 NSPLIT 8 coop fp32",
+                                     "16x64 NSPLIT 8 coop + PDL in")}
+#: run 5 (ab_mma64_b1.json): split-K against the story's stage-2 launch (64-head tiles: one program at B=1)
+MMA64 = {"mma (table)": _impl("mma"), "splitk (table)": _impl("splitk"),
+         "mma, 64-head tiles (the story's stage 2)": _split(MMA, 1)}
+#: what `python tools/ab_layers.py OUT.json [RUN]` runs: RUN -> [(B, variants), ...]
+RUNS = {"coop": SHAPES, "coop-again": [(1, COOP_AGAIN), (2, COOP_AGAIN)], "mma64": [(1, MMA64), (2, MMA64)]}
 
 
 def _fits(B, name):
@@ -132,12 +140,12 @@ def _reset():
     split_k.PDL, head_batched.DEQUANT, head_batched.FOLD_SCALE = DEFAULTS
 
 
-def main(path):
+def main(path, shapes=SHAPES):
     rows = []
     chk = make_decode_inputs(2, H, K, context=1500, topk_len=True, sink=True, pad_frac=0.1, seed=41)
     chk.topk_len[1] = 100                 # a row whose last slices hold no token
     ro, rl = reference.sparse_decode(chk.q, chk.cache, chk.indices, sm_scale=SCALE, **chk.kwargs())
-    for name, fn in {**SMALL, **LARGE}.items():
+    for name, fn in {k: v for _, variants in shapes for k, v in variants.items()}.items():
         with poisoned():
             o, lse = fn(chk)
         row = dict(kind="check", variant=name, out_err=rel_err(o.float(), ro), lse_err=rel_err(lse, rl))
@@ -145,7 +153,7 @@ def main(path):
         rows.append(row)
         print(row, flush=True)
         _reset()
-    for B, variants in SHAPES:
+    for B, variants in shapes:
         inp = make_decode_inputs(B, H, K, context=8192, seed=900 + B)
         copies = bench.layer_copies(inp, LAYERS)
         graphs, best = {}, {}
@@ -178,4 +186,4 @@ def main(path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], RUNS[sys.argv[2] if len(sys.argv) > 2 else "coop"])
