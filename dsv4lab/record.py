@@ -244,16 +244,16 @@ def run_split(batches=BATCHES, splits=(1, 2, 4, 8, 16), H=64, K=512, context=819
 _CFG_KEYS = ("block_h", "block_n", "num_warps", "num_stages", "lazy_rescale", "prefetch", "dequant", "fold_scale")
 
 
-def _same(row, cfg):
-    """Whether a sweep row ran ``cfg``; keys a row lacks (recorded before they existed) are not
-    compared, as runs.select does."""
-    want = {**{k: getattr(cfg, k) for k in _CFG_KEYS}, **head_batched.ran_with(cfg, row.get("nsplit", 1))}
-    return all(row[k] == want[k] for k in _CFG_KEYS if k in row)
-
-
 def _same_tiles(row, cfg):
-    """Whether a sweep row has ``cfg``'s tiles and loop (dequant and fold aside)."""
+    """Whether a sweep row has ``cfg``'s tiles and loop (dequant and fold aside); keys a row lacks
+    (recorded before they existed) are not compared, as runs.select does."""
     return all(row[k] == getattr(cfg, k) for k in _CFG_KEYS if k in row and k not in ("dequant", "fold_scale"))
+
+
+def _same(row, cfg):
+    """Whether a sweep row ran ``cfg``: its tiles, and the dequant/fold a launch of it takes."""
+    ran = head_batched.ran_with(cfg, row.get("nsplit", 1))
+    return _same_tiles(row, cfg) and all(row[k] == v for k, v in ran.items() if k in row)
 
 
 def _b1_best(rows, cfg):

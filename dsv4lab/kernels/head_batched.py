@@ -265,8 +265,9 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
         # Cooperative merge (GPU only, every program of the launch resident at once: launch()
         # checks the grid fits the SMs and makes it a cooperative launch): the NSPLIT slices of
         # (b, head block) meet at a barrier, then each merges its own share of the 512 columns
-        # from all NSPLIT partials. A generation word makes the barrier reusable: read before arriving, bumped (release) by
-        # the last to arrive, after it resets the count; the others spin (acquire) until it moves.
+        # from all NSPLIT partials. A generation word makes the barrier reusable: read before
+        # arriving, bumped (release) by the last to arrive, after it resets the count; the others
+        # spin (acquire) until it moves.
         tl.debug_barrier()
         cnt = CNT + 2 * (b * tl.num_programs(1) + hb)
         gen = tl.atomic_add(cnt + 1, 0, sem="relaxed", scope="gpu")
@@ -468,9 +469,7 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, *, nsplit
     fp8, u8, bf16 = cache_views(cache)
     grid = (B, triton.cdiv(H, cfg.block_h), nsplit)
     merge_kw = _merge_args(merge_into, merge, B, H, nsplit, cfg)
-    two_step = merge_kw.get("MERGE") == 2 and is_interpret()
-    if two_step:
-        merge_kw = {}
+    two_step = merge_kw.get("MERGE") == 2 and is_interpret()      # the interpreter: merge in a second launch
     _head_batched_kernel[grid](
         q, fp8, u8, bf16, indices,
         topk_len if topk_len is not None else lse,
@@ -483,20 +482,16 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, *, nsplit
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, D=D, NOPE=448, DOT=dot_dtype(),
         LAZY_RESCALE=cfg.lazy_rescale, PREFETCH=_prefetch_mode(cfg.prefetch),
         LAUNCH_DEPENDENTS=pdl, DEQUANT_BITS=dequant_bits(cfg, nsplit),
-        FOLD_SCALE=fold_scale(cfg, nsplit), TRACE=trace, **merge_kw,
+        FOLD_SCALE=fold_scale(cfg, nsplit), TRACE=trace, **({} if two_step else merge_kw),
         **(dict(WAIT_PRIOR=True, launch_pdl=True) if pdl_in and use_pdl() else {}),
-        **(dict(launch_cooperative_grid=True) if merge_kw.get("MERGE") == 2 else {}),
+        **(dict(launch_cooperative_grid=True) if merge_kw.get("MERGE") == 2 and not two_step else {}),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if two_step:
-        final, final_lse, _ = merge_into
-        ncol = coop_columns(nsplit, D)
-        _coop_merge_kernel[grid](out, lse, attn_sink if attn_sink is not None else lse, final, final_lse, H,
-                                 out.stride(0), out.stride(1), out.stride(2), final.stride(0), final.stride(1),
-                                 HAS_SINK=attn_sink is not None, BLOCK_H=cfg.block_h,
-                                 SPLIT_P2=triton.next_power_of_2(nsplit),
-                                 DCHUNK=min(ncol, merge_chunk(cfg.block_h, triton.next_power_of_2(nsplit),
-                                                              cfg.num_warps, per_thread=64)),
-                                 D=D, NCOL=ncol, num_warps=cfg.num_warps)
+        _coop_merge_kernel[grid](out, lse, attn_sink if attn_sink is not None else lse, merge_kw["O_FINAL"],
+                                 merge_kw["LSE_FINAL"], H, out.stride(0), out.stride(1), out.stride(2),
+                                 merge_kw["stride_fb"], merge_kw["stride_fh"], HAS_SINK=attn_sink is not None,
+                                 BLOCK_H=cfg.block_h, SPLIT_P2=merge_kw["SPLIT_P2"], DCHUNK=merge_kw["DCHUNK"],
+                                 D=D, NCOL=merge_kw["NCOL"], num_warps=cfg.num_warps)
 
 
 def _prefetch_mode(prefetch: int) -> int:
