@@ -105,6 +105,15 @@ def check_sparse_decode_args(q, cache, indices, topk_len, sm_scale, attn_sink, c
                              f"got {attn_sink.tolist()[:8]}")
 
 
+def check_sink(attn_sink, q, check_ranges=True):
+    """attn_sink: [H] float, finite (checked on the data unless capturing or check_ranges=False)."""
+    H = q.shape[-2]
+    _tensor("attn_sink", attn_sink, dim=1, dtypes=_FLOATS, device=q.device, shape=(H,))
+    if check_ranges and not _capturing(q) and not bool(torch.isfinite(attn_sink).all()):
+        raise ValueError("attn_sink must be finite (no sink for a head: pass attn_sink=None); "
+                         f"got {attn_sink.tolist()[:8]}")
+
+
 def _pick(op, impl):
     _load_kernels()
     table = _IMPLS[op]

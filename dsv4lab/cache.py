@@ -103,6 +103,34 @@ class KVCache:
                 f"pages={self.num_pages}, page_bytes={self.page_bytes}, device={self.device})")
 
 
+def as_kv_cache(x, name: str = "k_cache") -> KVCache:
+    """A :class:`KVCache` as given, or one over SGLang's fp8 view of a page buffer,
+    [num_pages, page_size, 1, 584] with stride(0) = the page's bytes (read in place, not copied)."""
+    if isinstance(x, KVCache):
+        return x
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a dsv4lab.cache.KVCache or SGLang's [num_pages, page_size, 1, "
+                        f"{TOKEN_BYTES}] float8_e4m3fn view, got {type(x).__name__}")
+    if x.dim() != 4 or x.shape[2] != 1 or x.shape[3] != TOKEN_BYTES or x.shape[0] < 1 or x.shape[1] < 1:
+        raise ValueError(f"{name} must have shape [num_pages, page_size, 1, {TOKEN_BYTES}], got {list(x.shape)}")
+    if x.dtype not in (torch.float8_e4m3fn, torch.uint8):
+        raise TypeError(f"{name} must be float8_e4m3fn (or uint8) bytes, got {x.dtype}")
+    pages, ps = x.shape[0], x.shape[1]
+    pb = page_bytes(ps)
+    have = x.untyped_storage().nbytes() - x.storage_offset()
+    if pages == 1 and have < pb:
+        pb = ps * TOKEN_BYTES          # one page (its stride means nothing): its bytes without the tail pad
+    if x.stride(3) != 1 or x.stride(1) != TOKEN_BYTES or (pages > 1 and x.stride(0) != pb):
+        raise ValueError(f"{name} must be the view SGLang builds over pages of {pb} bytes: strides "
+                         f"({pb}, {TOKEN_BYTES}, *, 1), got {tuple(x.stride())}")
+    need = x.storage_offset() + pages * pb
+    if x.untyped_storage().nbytes() < need:
+        raise ValueError(f"{name}'s storage holds {x.untyped_storage().nbytes()} bytes, fewer than its "
+                         f"{pages} pages of {pb} need ({need})")
+    buf = torch.as_strided(x.view(torch.uint8), (pages, pb), (pb, 1))
+    return KVCache(buf, ps, pages * ps)
+
+
 def quantize_nope(nope: torch.Tensor):
     """[N, 448] float -> (fp8 e4m3 [N, 448], UE8M0 exponent bytes uint8 [N, 7])."""
     x = nope.float().reshape(-1, NUM_SCALES, QUANT_TILE)

@@ -79,3 +79,31 @@ def topk_indices(logits, k: int):
     if kk < k:
         idx = torch.cat([idx, torch.full((B, k - kk), -1, dtype=torch.int32, device=idx.device)], 1)
     return idx
+
+
+def flash_mla_sparse_decode(q, cache: KVCache, indices, topk_len=None, attn_sink=None, sm_scale=None,
+                            extra_cache: KVCache | None = None, extra_indices=None, extra_topk_len=None):
+    """Decode over two caches at once (SGLang's window + compressed caches), in float64: one
+    softmax over the union of both caches' valid tokens, plus the sink in its denominator.
+    q [B,H,512]; returns (out float32 [B,H,512], lse float32 [B,H])."""
+    B, H, D = q.shape
+    scale = D ** -0.5 if sm_scale is None else float(sm_scale)
+    parts = [(cache, indices, topk_len)] + ([(extra_cache, extra_indices, extra_topk_len)] if extra_cache else [])
+    scores, values = [], []
+    for c, idx, tl_ in parts:
+        idx = idx.reshape(B, -1)
+        valid = idx >= 0
+        if tl_ is not None:
+            valid &= torch.arange(idx.shape[1], device=q.device)[None, :] < tl_.to(q.device).long()[:, None]
+        kv = dequant_kv(c, torch.where(valid, idx, torch.zeros_like(idx))).double()
+        s = torch.einsum("bhd,bkd->bhk", q.double(), kv) * scale
+        scores.append(s.masked_fill(~valid[:, None, :], -math.inf))
+        values.append(kv)
+    s = torch.cat(scores, dim=-1)
+    kv = torch.cat(values, dim=1)
+    lse = torch.logsumexp(s, dim=-1)
+    if attn_sink is not None:
+        lse = torch.logaddexp(lse, attn_sink.to(q.device).double()[None, :].expand(B, H))
+    p = torch.exp(s - lse[..., None].nan_to_num(neginf=0.0)).nan_to_num(0.0)
+    out = torch.einsum("bhk,bkd->bhd", p, kv)
+    return out.float(), lse.float()

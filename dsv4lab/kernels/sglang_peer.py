@@ -9,6 +9,7 @@ whole serving stack. Install the wheel without its dependencies::
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
@@ -49,6 +50,23 @@ def module():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+@contextlib.contextmanager
+def one_config_when_interpreting():
+    """Inside this block SGLang's autotuned kernel has a single config under the interpreter
+    (which cannot time configs: with two or more the autotuner fails), so SGLang's own Python
+    code around the kernel (its launch, LSE merge and sink) runs unchanged. On a GPU: no change."""
+    kernel = module()._tiled_sparse_decode_kernel
+    if not is_interpret():
+        yield
+        return
+    saved = kernel.configs
+    kernel.configs = [c for c in saved if c.kwargs.get("BLOCK_T") == INTERPRET_BLOCK_T][:1] or saved[:1]
+    try:
+        yield
+    finally:
+        kernel.configs = saved
 
 
 def run(q, cache, indices, topk_len, sm_scale):
