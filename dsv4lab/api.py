@@ -9,6 +9,7 @@ because they would need a host sync; shapes, dtypes and devices are always check
 from __future__ import annotations
 
 import numbers
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -16,12 +17,31 @@ import torch
 from . import reference
 from .cache import HEAD_DIM, INDEX_DIM, IndexKCache, KVCache, scale_bytes
 
-_IMPLS: dict[str, dict[str, Callable]] = {"sparse_decode": {}, "indexer_logits": {}, "indexer_topk": {}}
+@dataclass(frozen=True)
+class Impl:
+    """One registered implementation of an op: what ``impl=`` names, and its properties."""
+    op: str
+    name: str
+    fn: Callable
+    stage: str = ""                  # the campaign stage it stands for (S0..S4); "" for references
+    description: str = ""
+    needs: tuple = ()                # what it needs beyond the lab: "sglang" (its wheel), "gpu"
+    graph_safe: bool = True          # captures in a CUDA graph (no host sync, shapes-only launches)
+    max_scale_byte: Callable | None = None   # (B, H, K) -> largest UE8M0 scale byte it reads right, or None
 
 
-def register(op: str, name: str):
+OPS = ("sparse_decode", "indexer_logits", "indexer_topk")
+_IMPLS: dict[str, dict[str, Impl]] = {op: {} for op in OPS}
+
+
+def register(op: str, name: str, **props):
+    """Decorator: register ``fn`` as implementation ``name`` of ``op`` (props: the Impl fields).
+    The function takes the op's checked arguments (see the reference registered for the op)."""
+    if op not in _IMPLS:
+        raise ValueError(f"op must be one of {OPS}, got {op!r}")
+
     def deco(fn):
-        _IMPLS[op][name] = fn
+        _IMPLS[op][name] = Impl(op, name, fn, **props)
         return fn
     return deco
 
@@ -29,7 +49,14 @@ def register(op: str, name: str):
 def impls(op: str = "sparse_decode") -> list[str]:
     """Names accepted by ``impl=`` for ``op``."""
     _load_kernels()
+    if op not in _IMPLS:
+        raise ValueError(f"op must be one of {OPS}, got {op!r}")
     return sorted(_IMPLS[op])
+
+
+def impl_info(op: str, name: str) -> Impl:
+    """The registered :class:`Impl` ``name`` of ``op``."""
+    return _pick(op, name)
 
 
 def _load_kernels():
@@ -99,7 +126,7 @@ def check_sparse_decode_args(q, cache, indices, topk_len, sm_scale, attn_sink, c
                 if worst > limit:
                     raise ValueError(f"cache scale bytes of the indexed tokens must be <= {limit} "
                                      f"(scale <= 2^{limit - 127}) for this impl at this shape; got {worst}. "
-                                     f"Use impl='simt', or DSV4LAB_DEQUANT=cvt in the environment before importing dsv4lab")
+                                     f"Use impl='simt' or 'mma_story' (their dequant has no limit)")
         if attn_sink is not None and not bool(torch.isfinite(attn_sink).all()):
             raise ValueError("attn_sink must be finite (no sink for a head: pass attn_sink=None); "
                              f"got {attn_sink.tolist()[:8]}")
@@ -114,7 +141,7 @@ def check_sink(attn_sink, q, check_ranges=True):
                          f"got {attn_sink.tolist()[:8]}")
 
 
-def _pick(op, impl):
+def _pick(op, impl) -> Impl:
     _load_kernels()
     table = _IMPLS[op]
     if impl not in table:
@@ -134,15 +161,14 @@ def sparse_decode(q, cache, indices, *, topk_len=None, sm_scale=None, attn_sink=
     from kernels known to be in range. An out-of-range index is then not caught; a scale
     byte past the limit gives NaN outputs (never a wrong finite number).
     """
-    fn = _pick("sparse_decode", impl)
-    check_sparse_decode_args(q, cache, indices, topk_len, sm_scale, attn_sink, check_ranges,
-                             getattr(fn, "max_scale_byte", None))
+    entry = _pick("sparse_decode", impl)
+    check_sparse_decode_args(q, cache, indices, topk_len, sm_scale, attn_sink, check_ranges, entry.max_scale_byte)
     if sm_scale is None:
         sm_scale = HEAD_DIM ** -0.5
-    return fn(q, cache, indices, topk_len=topk_len, sm_scale=float(sm_scale), attn_sink=attn_sink)
+    return entry.fn(q, cache, indices, topk_len=topk_len, sm_scale=float(sm_scale), attn_sink=attn_sink)
 
 
-@register("sparse_decode", "reference")
+@register("sparse_decode", "reference", description="float64, the judge (dsv4lab.reference)")
 def _sparse_decode_reference(q, cache, indices, *, topk_len, sm_scale, attn_sink):
     out, lse = reference.sparse_decode(q, cache, indices, topk_len, sm_scale, attn_sink)
     return out.to(torch.bfloat16), lse
@@ -182,12 +208,12 @@ def check_indexer_args(q, index_cache, weights, seq_lens, page_table, max_seq_le
 def indexer_logits(q, index_cache, weights, seq_lens, page_table, *, max_seq_len: int,
                    impl: str = "reference"):
     """Lightning-indexer logits float32 [B, max_seq_len] (-inf past each seq_len)."""
-    fn = _pick("indexer_logits", impl)
+    fn = _pick("indexer_logits", impl).fn
     check_indexer_args(q, index_cache, weights, seq_lens, page_table, max_seq_len)
     return fn(q, index_cache, weights, seq_lens, page_table, max_seq_len=int(max_seq_len))
 
 
-@register("indexer_logits", "reference")
+@register("indexer_logits", "reference", description="float64, the judge (dsv4lab.reference)")
 def _indexer_logits_reference(q, index_cache, weights, seq_lens, page_table, *, max_seq_len):
     return reference.indexer_logits(q, index_cache, weights, seq_lens, page_table, max_seq_len)
 
@@ -195,14 +221,14 @@ def _indexer_logits_reference(q, index_cache, weights, seq_lens, page_table, *, 
 def indexer_topk(q, index_cache, weights, seq_lens, page_table, *, max_seq_len: int, topk: int = 512,
                  impl: str = "reference"):
     """Top-k token positions int32 [B, topk] of the indexer logits, -1 padded."""
-    fn = _pick("indexer_topk", impl)
+    fn = _pick("indexer_topk", impl).fn
     check_indexer_args(q, index_cache, weights, seq_lens, page_table, max_seq_len)
     if not isinstance(topk, numbers.Integral) or isinstance(topk, bool) or topk < 1:
         raise ValueError(f"topk must be a positive int, got {topk!r}")
     return fn(q, index_cache, weights, seq_lens, page_table, max_seq_len=int(max_seq_len), topk=int(topk))
 
 
-@register("indexer_topk", "reference")
+@register("indexer_topk", "reference", description="float64, the judge (dsv4lab.reference)")
 def _indexer_topk_reference(q, index_cache, weights, seq_lens, page_table, *, max_seq_len, topk):
     logits = reference.indexer_logits(q, index_cache, weights, seq_lens, page_table, max_seq_len)
     return reference.topk_indices(logits, topk)

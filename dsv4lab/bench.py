@@ -112,17 +112,19 @@ def launch_floor_us(programs: int | None = None) -> dict:
 
 
 def heads_per_read(impl: str, H: int, B: int = 1, K: int = 512) -> int:
-    """How many heads share one gather of a KV tile: 1 for the SIMT grids, BLOCK_H of the
-    tiles the impl launches with (for auto, those of the plan it picks for this shape)."""
+    """How many heads share one gather of a KV tile: 1 for the SIMT grids, BLOCK_H of the tiles
+    the impl launches with for this shape."""
     if impl in ("simt", "sglang"):
         return 1
-    from .kernels import split_k
-    from .kernels.head_batched import choose_tiles
-    if impl == "auto":
-        return min(H, split_k.choose(B, H, K).cfg.block_h)
-    if impl == "mma":
-        return min(H, choose_tiles(B, H, K).block_h)
-    return min(H, split_k.choose_split(B, H, K).cfg.block_h)
+    return min(H, impl_launch(impl, B, H, K).tiles.block_h)
+
+
+def impl_launch(impl: str, B: int, H: int, K: int):
+    """The planning.Launch a tensor-core impl takes for this shape."""
+    from .kernels import head_batched, split_k
+    from .planning import STORY_TILES, Launch
+    return {"mma_story": lambda: Launch(STORY_TILES), "mma": lambda: head_batched.mma_launch(B, H, K),
+            "splitk": lambda: split_k.splitk_launch(B, H, K), "auto": lambda: split_k.auto_launch(B, H, K)}[impl]()
 
 
 def decode_row(impl, inp, *, graph=True, eager=True, baseline_us=None, layer_inputs=None,
@@ -174,8 +176,7 @@ def indexer_row(impl, inp, *, graph=True, eager=True) -> dict:
     function (no API checks, so no host sync), with the bytes the live context needs (keys once,
     q, weights) and writes (the [B, max_seq_len] fp32 logits), and the floor they imply."""
     from .cache import INDEX_TOKEN_BYTES
-    api._load_kernels()
-    fn = api._IMPLS["indexer_logits"][impl]
+    fn = api.impl_info("indexer_logits", impl).fn
     B, H, _ = inp.q.shape
     L = inp.max_seq_len
     read = int(inp.seq_lens.sum()) * INDEX_TOKEN_BYTES + inp.q.numel() * inp.q.element_size() + B * H * 4
@@ -195,10 +196,9 @@ def indexer_topk_row(inp, topk=512) -> dict:
     """Time the top-k that follows the logits (torch.topk over the max-wide rows of the Triton
     indexer's logits; graph replay): the same columns as indexer_row."""
     from .kernels.indexer_gemm import topk_from_logits
-    api._load_kernels()
     B, H, _ = inp.q.shape
     L = inp.max_seq_len
-    logits = api._IMPLS["indexer_logits"]["triton"](*inp.args(), max_seq_len=L)
+    logits = api.impl_info("indexer_logits", "triton").fn(*inp.args(), max_seq_len=L)
     return dict(impl="topk (torch.topk on the logits)", B=B, H=H, live=int(inp.seq_lens.max()), max_seq_len=L,
                 graph_us=time_ms(lambda: topk_from_logits(logits, topk), graph=True) * 1e3)
 
@@ -211,8 +211,6 @@ def decode_table(impls, batches, *, H=64, K=512, context=8192, page_size=64, bas
     ``auto`` rows also carry the plan it picked. ``layers`` > 1: also the time per call inside
     a graph of that many calls on copies of the inputs (decode_row). `record`, the CLI and the
     notebooks share this."""
-    from .kernels import split_k
-    from .kernels.head_batched import choose_tiles
     from .testing import make_decode_inputs
     rows = []
     for B in batches:
@@ -228,13 +226,8 @@ def decode_table(impls, batches, *, H=64, K=512, context=8192, page_size=64, bas
             if impl == baseline:
                 base = row.get("graph_us", row.get("eager_us"))
                 base_layer = row.get("graph_layer_us")
-            if impl == "auto":
-                p = split_k.choose(B, H, K)
-                row.update(plan_use=p.use, plan_nsplit=p.nsplit, plan_model_us=p.model_us,
-                           plan_programs=p.programs, plan_block_h=p.cfg.block_h, plan_block_n=p.cfg.block_n)
-            if impl == "mma":
-                c = choose_tiles(B, H, K)
-                row.update(tiles_block_h=c.block_h, tiles_block_n=c.block_n, tiles_prefetch=c.prefetch)
+            if impl in ("mma_story", "mma", "splitk", "auto"):
+                row["launch"] = impl_launch(impl, B, H, K).as_dict()
             rows.append(row)
             if log:
                 log(row)
@@ -244,18 +237,18 @@ def decode_table(impls, batches, *, H=64, K=512, context=8192, page_size=64, bas
 
 
 def environment() -> dict:
-    """Device, versions and date: stamped into every recorded run."""
-    from .kernels import head_batched, split_k
+    """Device, versions and date: stamped into every recorded run, with the tile table and the
+    launch options each tensor-core impl takes at the campaign's B = 1 and 32."""
+    from . import planning
     d = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
          "device": info().as_dict(), "python": platform.python_version(),
          "torch": torch.__version__, "triton": triton.__version__,
-         "split_k": {"partials": str(split_k.partials_dtype()), "merge": split_k.MERGE, "pdl": split_k.PDL},
-         "head_batched": {use: {**head_batched.ran_with(cfg), "split_launches": head_batched.ran_with(cfg, 2)}
-                          for use, cfg in (("mma", head_batched.tile_config()),
-                                           ("split", head_batched.tile_config(split=True)))}}
+         "tile_table": {f"{k[0]}/{k[1]}": vars(v) for k, v in planning.TILE_TABLE.items()},
+         "launches": {f"{impl} B={B}": impl_launch(impl, B, 64, 512).as_dict()
+                      for impl in ("mma_story", "mma", "splitk", "auto") for B in (1, 32)}}
     try:
         from .kernels import sglang_peer
-        d["sglang_file"] = sglang_peer.sglang_file()
+        sglang_peer.sglang_file()
         d["sglang"] = sglang_peer.SGLANG_VERSION
     except ImportError:
         d["sglang"] = None

@@ -8,7 +8,8 @@ before spending GPU time: a config that spills is slow however it is launched.
 
 Needs ``DSV4LAB_MODE=compile`` (Triton must not be in interpreter mode):
 
-    DSV4LAB_MODE=compile python -m dsv4lab.compile_report 64 32 8 1 2
+    DSV4LAB_MODE=compile python -m dsv4lab.compile_report 64 128 8 1 l2_hint bits fold
+    DSV4LAB_MODE=compile python -m dsv4lab.compile_report story
 """
 from __future__ import annotations
 
@@ -74,46 +75,41 @@ def report(kernel, arch=90) -> dict:
             "shared_bytes": kernel.metadata.shared, "mma": mma, "ptxas_ok": r.returncode == 0}
 
 
-def head_batched_report(block_h, block_n, num_warps, num_stages, prefetch=0, *, split=False, arch=90,
-                        lazy_rescale=False, maxnreg=None, merge_nsplit=0, partials="bf16", dequant="cvt",
-                        fold_scale=False, merge="fused") -> dict:
-    """``merge_nsplit`` > 0: the split-K launch with its in-launch merge, ``merge`` "fused" (the last
-    slice merges) or "coop" (barrier, each slice merges a share), ``partials`` "bf16" (the GPU
-    default) or "fp32"; ``dequant`` / ``fold_scale``: as TileConfig's (the H200 64-head entry: "bits", True)."""
-    from .kernels.common import coop_columns, merge_chunk
-    from .kernels.head_batched import _head_batched_kernel
-    c = dict(PAGE_SIZE=64, PAGE_BYTES=37440, HAS_TOPK_LEN=False, HAS_SINK=False, SPLIT=split or merge_nsplit > 0,
-             BLOCK_H=block_h, BLOCK_N=block_n, D=512, NOPE=448, DOT=triton.language.bfloat16,
-             LAZY_RESCALE=lazy_rescale, PREFETCH=prefetch, TRACE=None, DEQUANT_BITS=dequant == "bits",
-             FOLD_SCALE=bool(fold_scale))
+def launch_report(opts, *, story: bool = False, arch=90, maxnreg=None) -> dict:
+    """The compiler's report for one launch of the tuned head-batched kernel with ``opts``
+    (planning.Launch; a split launch writes ``opts.partials`` partials), or of the story's
+    stage-2 kernel with ``opts.tiles`` (``story=True``)."""
+    from .kernels.head_batched import LOOP_CODE, _head_batched_kernel, _story_kernel
+    t = opts.tiles
+    c = dict(PAGE_SIZE=64, PAGE_BYTES=37440, HAS_TOPK_LEN=False, HAS_SINK=False,
+             BLOCK_H=t.block_h, BLOCK_N=t.block_n, D=512, NOPE=448, DOT=triton.language.bfloat16)
     types = {}
-    if merge_nsplit:
-        p2 = triton.next_power_of_2(merge_nsplit)
-        c.update(MERGE=1, SPLIT_P2=p2, DCHUNK=merge_chunk(block_h, p2, num_warps, per_thread=64))
-        if merge == "coop":
-            ncol = coop_columns(merge_nsplit)
-            c.update(MERGE=2, NCOL=ncol, DCHUNK=min(ncol, c["DCHUNK"]))
-        types = {"O": f"*{partials}", "CNT": "*i32", "O_FINAL": "*bf16", "LSE_FINAL": "*fp32"}
+    if story:
+        kernel = _story_kernel
     else:
-        c.update(CNT=None, O_FINAL=None, LSE_FINAL=None)
-    k = compile_kernel(_head_batched_kernel, c, num_warps=num_warps, num_stages=num_stages, arch=arch,
-                       maxnreg=maxnreg, ptr_types=types)
-    return {"maxnreg": maxnreg, "block_h": block_h, "block_n": block_n, "num_warps": num_warps, "num_stages": num_stages,
-            "prefetch": prefetch, "lazy_rescale": lazy_rescale, "dequant": dequant, "fold_scale": bool(fold_scale),
-            "merge_nsplit": merge_nsplit, "merge": merge if merge_nsplit else None,
-            "partials": partials if merge_nsplit else None, "arch": arch,
-            "triton": triton.__version__,
-            **report(k, arch)}
+        kernel = _head_batched_kernel
+        c.update(SPLIT=opts.nsplit > 1, LOOP=LOOP_CODE[t.loop], L2_HINT=True, LAUNCH_DEPENDENTS=opts.pdl,
+                 DEQUANT_BITS=opts.dequant == "bits", FOLD_SCALE=opts.fold_scale)
+        if opts.nsplit > 1:
+            types = {"O": "*bf16" if opts.partials == "bfloat16" else "*fp32"}
+    k = compile_kernel(kernel, c, num_warps=t.num_warps, num_stages=t.num_stages, arch=arch, maxnreg=maxnreg,
+                       ptr_types=types)
+    return {"kernel": "story" if story else "tuned", **opts.as_dict(), "maxnreg": maxnreg, "arch": arch,
+            "triton": triton.__version__, **report(k, arch)}
 
 
 if __name__ == "__main__":
     import dsv4lab  # noqa: F401
-    # BLOCK_H BLOCK_N warps stages [prefetch] [lazy] [maxnreg] [nsplit of a fused merge], and the
-    # words "bits" (the integer dequant), "fold" (the folded softmax scale) and "coop" (the
-    # cooperative merge instead of the fused one) anywhere
+    from .planning import STORY_TILES, Launch, TileConfig
+    # BLOCK_H BLOCK_N warps stages [nsplit], and the words: a loop name (plain, registers, l2_hint),
+    # "bits" (the integer dequant), "fold" (the folded softmax scale), "story" (the story's kernel)
     words = {a for a in sys.argv[1:] if not a.isdigit()}
-    args = [int(a) for a in sys.argv[1:] if a.isdigit()][:8] or [64, 128, 8, 1, 0]
-    print(head_batched_report(*args[:5], lazy_rescale=bool(args[5:6] and args[5]),
-                              maxnreg=(args[6:7] or [None])[0] or None, merge_nsplit=(args[7:8] or [0])[0],
-                              dequant="bits" if "bits" in words else "cvt", fold_scale="fold" in words,
-                              merge="coop" if "coop" in words else "fused"))
+    args = [int(a) for a in sys.argv[1:] if a.isdigit()]
+    if "story" in words:
+        print(launch_report(Launch(STORY_TILES), story=True))
+    else:
+        bh, bn, nw, ns, *rest = args or [64, 128, 8, 1]
+        loop = next((w for w in words if w in ("plain", "registers", "l2_hint")), "plain")
+        tiles = TileConfig(bh, bn, nw, ns, "command line", loop=loop)
+        print(launch_report(Launch(tiles, nsplit=(rest or [1])[0], dequant="bits" if "bits" in words else "cvt",
+                                   fold_scale="fold" in words)))

@@ -1,7 +1,7 @@
 """DeepSeek-V4-Flash decode shapes, as one frozen object the notebooks read.
 
-Numbers from the model config (SGLang ``configs/deepseek_v4.py``) and
-``shared/notes/DSV4_FACTS.md``. A notebook asks :func:`shapes` once and never
+Numbers from the model config (SGLang's ``configs/deepseek_v4.py``; docs/dsv4.md collects them
+with the byte layouts). A notebook asks :func:`shapes` once and never
 hard-codes a size: on a GPU it gets the real model, under the Triton
 interpreter a small preset with the same structure so cells run in seconds.
 """

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-#: Interpreter traps seen with triton 3.6-3.9 (DSV4_FACTS.md) and what the lab does about each.
+#: Interpreter traps seen with triton 3.6-3.9 and what the lab does about each.
 INTERPRETER_TRAPS = {
     "bf16 tl.dot": "numpy multiplies the raw uint16 bits -> garbage; kernels take a "
                    "constexpr DOT_DTYPE (float32 when interpreting, bfloat16 on GPU)",

@@ -96,20 +96,21 @@ def split_heatmap(ax, df, value="us"):
 
 
 def tile_label(row) -> str:
-    """'64x32 w8 s1 p2' (+ ' lazy') for a tile-sweep row; p = the kernel's gather loop
-    (0 plain, 1 L2 prefetch hint, 2 register pipeline, 3 bulk L2 hint, 4 indices one tile ahead), when the run recorded it."""
-    lazy = " lazy" if bool(row.get("lazy_rescale", False)) else ""
-    pf = row.get("prefetch")
-    pf = f" p{int(pf)}" if pf is not None and pf == pf else ""
+    """'64x32 w8 s1 registers' for a tile-sweep row: tiles, warps, stages and the kernel's loop
+    (planning.LOOPS; runs recorded before loops had names carry its number, shown as p<n>)."""
+    loop = row.get("loop")
+    if not isinstance(loop, str):
+        pf = row.get("prefetch")
+        loop = f"p{int(pf)}" if pf is not None and pf == pf else ""
     return (f"{int(row['block_h'])}x{int(row['block_n'])} w{int(row['num_warps'])} s{int(row['num_stages'])}"
-            f"{pf}{lazy}")
+            f" {loop}").rstrip()
 
 
 def tile_bars(ax, df, col="us_B128", chosen=None):
     """Horizontal bars: time of each tile config at one batch (``col``), fastest at the top;
     the ``chosen`` config (a dict with block_h, block_n, num_warps, num_stages) in red."""
     d = df.dropna(subset=[col]).assign(label=lambda t: t.apply(tile_label, axis=1)).sort_values(col, ascending=False)
-    keys = [k for k in ("block_h", "block_n", "num_warps", "num_stages", "prefetch", "lazy_rescale")
+    keys = [k for k in ("block_h", "block_n", "num_warps", "num_stages", "loop", "prefetch")
             if k in d and chosen is not None and k in chosen]
     is_chosen = d.apply(lambda r: chosen is not None and all(r[k] == chosen[k] for k in keys), axis=1)
     ax.barh(d["label"], d[col], color=np.where(is_chosen, "C3", "C0"))

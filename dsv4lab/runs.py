@@ -5,28 +5,32 @@ Notebooks read these at run time and never copy a number out of them: a newer
 recorded run replaces the JSON files and every notebook follows. On a GPU,
 :func:`measure_decode` produces the same table live.
 
-The data folder sits beside the package in a repo checkout (editable install);
-set ``DSV4LAB_DATA`` to use another one.
+The data folder sits beside the package in a repo checkout (editable install); pass
+``data=`` (or call :func:`use_data_dir`) to read another copy of it.
 """
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pandas as pd
 
-DATA_ENV = "DSV4LAB_DATA"
+_DATA = [Path(__file__).resolve().parent.parent / "data"]
+
+
+def use_data_dir(path):
+    """Read recorded runs and campaign tables from ``path`` (a copy of the repo's data/ folder)."""
+    _DATA[0] = Path(path)
 
 
 def data_dir() -> Path:
-    """The lab's data folder: $DSV4LAB_DATA, else ``data/`` next to the package."""
-    path = Path(os.environ.get(DATA_ENV) or Path(__file__).resolve().parent.parent / "data")
+    """The lab's data folder: ``data/`` next to the package, or the one :func:`use_data_dir` set."""
+    path = _DATA[0]
     if not path.is_dir():
         raise FileNotFoundError(
             f"dsv4lab's data folder {path} does not exist. The recorded runs ship with the repo "
             f"checkout, not with the package: install the lab editable from a clone "
-            f"(pip install -e .) or point {DATA_ENV} at a copy of its data/ folder.")
+            f"(pip install -e .) or call dsv4lab.runs.use_data_dir() with a copy of its data/ folder.")
     return path
 
 
@@ -113,7 +117,7 @@ def tile_choice(use: str = "mma", run: str = "h200") -> dict:
     raise KeyError(f"run {run!r} recorded no {use!r} tile config")
 
 
-TILE_KEYS = ("block_h", "block_n", "num_warps", "num_stages", "prefetch", "lazy_rescale", "dequant", "fold_scale")
+TILE_KEYS = ("block_h", "block_n", "num_warps", "num_stages", "loop", "prefetch", "dequant", "fold_scale")
 
 
 def select(df: pd.DataFrame, cfg: dict) -> pd.DataFrame:
@@ -124,10 +128,32 @@ def select(df: pd.DataFrame, cfg: dict) -> pd.DataFrame:
         same = df[k] == cfg[k]
         if k in ("dequant", "fold_scale") and "nsplit" in df.columns:
             # rows record what ran, and split launches take "cvt" / no fold whatever the entry
-            # says (head_batched.dequant_bits): there the entry's choice is not compared
+            # says (planning.launch_for): there the entry's choice is not compared
             same |= df["nsplit"] > 1
         mask &= same
     return df[mask]
+
+
+#: which notebook or document reads each recorded part (the manifest says it beside each file)
+PART_READERS = {
+    "device": ["notebooks 00-05 (ceilings, launch floor)", "README"],
+    "checks": ["notebooks 01-03", "README"],
+    "decode": ["notebooks 01-03", "README"],
+    "tiles": ["notebook 02 (appendix)", "experiments/tile_sweep"],
+    "split": ["notebook 03", "experiments/split_sweep"],
+    "indexer": ["notebooks 04-05", "README"],
+}
+
+
+def write_manifest(folder, part: str, payload: dict, command: str):
+    """Add (or replace) ``part``'s entry in ``folder``/manifest.json: its file, date, device,
+    versions, the command that wrote it and who reads it."""
+    path = Path(folder) / "manifest.json"
+    man = json.loads(path.read_text()) if path.exists() else {}
+    man[part] = {"file": f"{part}.json", "date": payload.get("date"), "device": payload.get("device", {}).get("name"),
+                 "torch": payload.get("torch"), "triton": payload.get("triton"), "command": command,
+                 "read_by": PART_READERS.get(part, [])}
+    path.write_text(json.dumps(dict(sorted(man.items())), indent=1) + "\n")
 
 
 def campaign(name: str) -> pd.DataFrame:

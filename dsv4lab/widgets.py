@@ -43,30 +43,33 @@ def _time_us(fn) -> float:
 
 
 def _tile_config(row, source="live"):
-    """The TileConfig a sweep row ran (rows recorded before the dequant/fold keys ran "cvt", no fold)."""
-    from .kernels.head_batched import TileConfig
+    """The TileConfig a sweep row ran (rows recorded before the loop had a name carry its number)."""
+    from .planning import LOOP_OF_PREFETCH, TileConfig
     dequant, fold = row.get("dequant"), row.get("fold_scale")
+    loop = row.get("loop")
+    if not isinstance(loop, str):
+        loop = LOOP_OF_PREFETCH.get(int(row.get("prefetch", 0) or 0), "plain")
     return TileConfig(block_h=int(row["block_h"]), block_n=int(row["block_n"]), num_warps=int(row["num_warps"]),
-                      num_stages=int(row["num_stages"]), source=source,
-                      lazy_rescale=bool(row.get("lazy_rescale", False)), prefetch=int(row.get("prefetch", 0) or 0),
+                      num_stages=int(row["num_stages"]), source=source, loop=loop,
                       dequant=dequant if isinstance(dequant, str) else "cvt",
                       fold_scale=bool(fold) if fold is not None and fold == fold else False)
 
 
 def time_tile_live(row, B, H=64, K=512, context=8192) -> float:
     """Graph-replay time (us) of the head-batched kernel with one tile config (GPU)."""
-    from .kernels import head_batched
-    inp, cfg = _inputs(B, H, K, context), _tile_config(row)
-    return _time_us(lambda: head_batched.sparse_decode_mma(inp.q, inp.cache, inp.indices, topk_len=None,
-                                                           sm_scale=512 ** -0.5, attn_sink=None, cfg=cfg))
+    from .kernels import split_k
+    from .planning import launch_for
+    inp, opts = _inputs(B, H, K, context), launch_for(_tile_config(row))
+    return _time_us(lambda: split_k.run(inp.q, inp.cache, inp.indices, None, 512 ** -0.5, None, opts))
 
 
 def time_split_live(row, B, nsplit, H=64, K=512, context=8192) -> float:
     """Graph-replay time (us) of split-K with one tile config and NSPLIT (GPU)."""
     from .kernels import split_k
-    inp, cfg = _inputs(B, H, K, context), _tile_config(row)
-    return _time_us(lambda: split_k.sparse_decode_split(inp.q, inp.cache, inp.indices, topk_len=None,
-                                                        sm_scale=512 ** -0.5, attn_sink=None, nsplit=nsplit, cfg=cfg))
+    from .planning import launch_for
+    cfg = _tile_config(row)
+    inp, opts = _inputs(B, H, K, context), launch_for(cfg, nsplit, B * -(-H // cfg.block_h) * nsplit)
+    return _time_us(lambda: split_k.run(inp.q, inp.cache, inp.indices, None, 512 ** -0.5, None, opts))
 
 
 def explore_tiles(df: pd.DataFrame, chosen: dict | None = None, H=64, K=512, context=8192):

@@ -126,10 +126,12 @@ def test_sink_must_be_finite(inp):
 def test_scale_byte_limit_names_the_byte(inp, monkeypatch):
     """The "bits" dequant (GPU) needs scale bytes <= 134; an eager call over a token with a larger
     one is refused with the byte, not answered wrongly. Forced here: the interpreter uses "cvt"."""
+    import dataclasses
     from dsv4lab.api import _IMPLS
     from dsv4lab.kernels.common import MAX_SCALE_BYTE
-    for impl in ("mma", "splitk", "auto"):      # what dequant_bits() gives on the GPU
-        monkeypatch.setattr(_IMPLS["sparse_decode"][impl], "max_scale_byte", lambda B, H, K: MAX_SCALE_BYTE)
+    for impl in ("mma", "splitk", "auto"):      # what a "bits" launch reports on the GPU
+        table = _IMPLS["sparse_decode"]
+        monkeypatch.setitem(table, impl, dataclasses.replace(table[impl], max_scale_byte=lambda B, H, K: MAX_SCALE_BYTE))
     dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl="mma")            # in range: runs
     tok = int(inp.indices[inp.indices >= 0][0])
     ps = inp.cache.page_size
@@ -141,25 +143,18 @@ def test_scale_byte_limit_names_the_byte(inp, monkeypatch):
     dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl="mma", check_ranges=False)
 
 
-def test_scale_byte_limit_follows_the_tile_entry(monkeypatch):
-    """The limit belongs to the launch a shape gets: a tile entry with the "bits" dequant has it,
-    one with "cvt" has none, and DSV4LAB_DEQUANT (module DEQUANT) overrides every entry. The
-    interpreter never takes "bits" (no inline assembly), so the GPU's answer is forced here."""
+def test_scale_byte_limit_follows_the_launch(monkeypatch):
+    """The limit belongs to the launch a shape gets: "bits" has it, "cvt" has none; a tile entry's
+    "bits" applies to whole rows, split slices take "cvt". The interpreter never takes "bits" (no
+    inline assembly), so the GPU's answer is forced here."""
+    from dsv4lab import planning
     from dsv4lab.kernels import head_batched as hb
     from dsv4lab.kernels.common import MAX_SCALE_BYTE
-    monkeypatch.setattr(hb, "DEQUANT", None)              # whatever the environment set: the entries decide
-    monkeypatch.setattr(hb, "FOLD_SCALE", None)
-    bits = hb.TileConfig(64, 128, 8, 1, dequant="bits", fold_scale=True)
-    cvt = hb.TileConfig(16, 64, 8, 1)
-    if hb.is_interpret():
-        assert hb.max_scale_byte(bits) is None            # interpreter: always "cvt"
-    monkeypatch.setattr(hb, "is_interpret", lambda: False)
-    assert hb.max_scale_byte(bits) == MAX_SCALE_BYTE and hb.max_scale_byte(cvt) is None
-    assert hb.fold_scale(bits) and not hb.fold_scale(cvt)
-    # the entry's choice is for whole rows: split launches of it take "cvt" and no fold
-    assert hb.max_scale_byte(bits, nsplit=2) is None and not hb.fold_scale(bits, nsplit=4)
-    monkeypatch.setattr(hb, "DEQUANT", "cvt")
-    monkeypatch.setattr(hb, "FOLD_SCALE", False)
-    assert hb.max_scale_byte(bits) is None and not hb.fold_scale(bits)
-    monkeypatch.setattr(hb, "DEQUANT", "bits")
-    assert hb.max_scale_byte(cvt) == MAX_SCALE_BYTE and hb.max_scale_byte(cvt, nsplit=8) == MAX_SCALE_BYTE
+    bits = planning.TileConfig(64, 128, 8, 1, dequant="bits", fold_scale=True)
+    cvt = planning.TileConfig(16, 64, 8, 1)
+    if planning.is_interpret():
+        assert hb.max_scale_byte(planning.launch_for(bits)) is None            # interpreter: always "cvt"
+    monkeypatch.setattr(planning, "is_interpret", lambda: False)
+    assert hb.max_scale_byte(planning.launch_for(bits)) == MAX_SCALE_BYTE
+    assert hb.max_scale_byte(planning.launch_for(cvt)) is None
+    assert hb.max_scale_byte(planning.launch_for(bits, nsplit=2)) is None

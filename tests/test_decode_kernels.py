@@ -12,7 +12,7 @@ import dsv4lab
 from dsv4lab.testing import (LSE_TOL, OUT_TOL, VS_SIMT_TOL, check_decode, make_decode_inputs,
                              poisoned, rel_err)
 
-IMPLS = ["simt", "mma", "splitk", "auto", "sglang"]
+IMPLS = ["simt", "mma_story", "mma", "splitk", "auto", "sglang"]
 
 # (B, H, K, context, page_size, pad_frac, topk_len, sink)
 CASES = [
@@ -33,7 +33,7 @@ def test_matches_reference(impl, B, H, K, ctx, ps, pad, tlen, sink):
     assert e_lse <= LSE_TOL, f"{impl}: lse rel. error {e_lse:.2e} > {LSE_TOL}"
 
 
-@pytest.mark.parametrize("impl", ["mma", "splitk", "auto"])
+@pytest.mark.parametrize("impl", ["mma_story", "mma", "splitk", "auto"])
 def test_tensor_core_kernels_match_simt(impl):
     inp = make_decode_inputs(2, 16, 48, context=100, pad_frac=0.1, topk_len=True)
     assert check_decode(impl, inp, against="simt")[0] <= VS_SIMT_TOL
@@ -95,118 +95,96 @@ def test_poison_catches_unwritten_output(dev):
         out = common.alloc((2, 4, 512), common.out_dtype(), dev)
         lse = common.alloc((2, 4), torch.float32, dev)
     # a buggy launch: only batch row 0 is computed
-    head_batched.launch(inp.q[:1], inp.cache, inp.indices[:1], None, 512**-0.5, None, out, lse)
+    head_batched.launch(inp.q[:1], inp.cache, inp.indices[:1], None, 512**-0.5, None, out, lse,
+                        head_batched.mma_launch(1, 4, 8))
     ro, rl = reference.sparse_decode(inp.q, inp.cache, inp.indices)
     assert rel_err(out.float(), ro) == math.inf and rel_err(lse, rl) == math.inf
     assert rel_err(out[:1].float(), ro[:1]) <= OUT_TOL
 
 
-@pytest.mark.parametrize("prefetch,nsplit,merge,fold", [(p, 1, "launch", False) for p in (0, 2, 4)] +
-                         [(p, n, m, False) for p in (0, 2, 4) for n in (2, 3) for m in ("fused", "launch")] +
-                         [(p, 1, "launch", True) for p in (0, 2, 4)] + [(2, 3, "fused", True)] +
-                         [(p, n, "coop", False) for p, n in ((0, 2), (2, 3), (4, 5))])
-def test_every_loop_of_the_head_batched_kernel(prefetch, nsplit, merge, fold, monkeypatch):
-    # the kernel's loops (head_batched.py: 0 = plain, 2 = register pipeline, 4 = indices ahead; 1 is a GPU-only
-    # L2 hint over loop 0) on 3 tiles of 16 + a partial one, padding and topk_len, whole rows
-    # and split slices (a slice may start past topk_len, or hold one partial tile); ``fold``: the
-    # softmax scale folded into exp2's FMA (TileConfig.fold_scale, the H200 64-head entry's)
+def _launch(loop, nsplit=1, fold=False, partials="float32", block_h=16):
+    from dsv4lab.planning import Launch, TileConfig
+    return Launch(TileConfig(block_h, 16, 4, 1, "test", loop=loop), nsplit, fold_scale=fold, partials=partials)
+
+
+@pytest.mark.parametrize("loop,nsplit,fold", [(lp, n, f) for lp in ("plain", "registers", "l2_hint")
+                                              for n in (1, 2, 3) for f in (False, True)])
+def test_every_loop_of_the_tuned_kernel(loop, nsplit, fold):
+    # the tuned kernel's loops (planning.LOOPS; l2_hint runs without its hint in the interpreter)
+    # on 3 tiles of 16 + a partial one, padding and topk_len, whole rows and split slices (a slice
+    # may start past topk_len, or hold one partial tile); ``fold``: the softmax scale folded into
+    # exp2's FMA (the H200 64-head entry's)
     from dsv4lab import reference
-    from dsv4lab.kernels import head_batched, split_k
-    monkeypatch.setattr(head_batched, "FOLD_SCALE", None)        # the entry decides, whatever the env says
+    from dsv4lab.kernels import split_k
     inp = make_decode_inputs(3, 16, 53, context=200, pad_frac=0.2, topk_len=True, sink=True)
-    cfg = head_batched.TileConfig(16, 16, 4, 1, "test", prefetch=prefetch, fold_scale=fold)
     ro, rl = reference.sparse_decode(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5, **inp.kwargs())
     with poisoned():
-        out, lse = split_k.sparse_decode_split(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5,
-                                               nsplit=nsplit, cfg=cfg, merge=merge, **inp.kwargs())
+        out, lse = split_k.run(inp.q, inp.cache, inp.indices, inp.topk_len, 512**-0.5, inp.attn_sink,
+                               _launch(loop, nsplit, fold))
     assert rel_err(out.float(), ro) <= OUT_TOL
     assert rel_err(lse, rl) <= LSE_TOL
-    if merge != "launch":   # in-launch merges leave their arrival counts at zero (coop: two launches here, untouched)
-        assert not split_k.workspace(3, 16, nsplit, inp.q.device, split_k.partials_dtype())[2][0::2].any()
 
 
-def _only_workspace(split_k):
-    """The one workspace key a call created (the cache starts empty): its partials dtype."""
-    (key,) = split_k._WORKSPACE
-    return key[-1]
-
-
-def test_coop_merge_shares_and_grid_limit(monkeypatch):
-    # each slice's share of the columns: the smallest power of two whose n shares cover 512
-    from dsv4lab.kernels import common, head_batched, split_k
-    for n in range(2, 17):
-        ncol = common.coop_columns(n)
-        assert ncol & (ncol - 1) == 0 and n * ncol >= 512 and n * (ncol // 2) < 512
-    # on the GPU every program must be resident (they wait for each other): a bigger grid is refused
-    inp = make_decode_inputs(3, 16, 53, context=200)
-    cfg = head_batched.TileConfig(16, 16, 4, 1, "test", prefetch=2)
-    monkeypatch.setattr(head_batched, "is_interpret", lambda: False)
-    monkeypatch.setattr(head_batched, "sm_count", lambda: 8)
-    assert head_batched.coop_fits(2, 16, 4, cfg) and not head_batched.coop_fits(3, 16, 3, cfg)
-    with pytest.raises(ValueError, match="coop.*resident.*9 programs > 8 SMs"):
-        split_k.sparse_decode_split(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5, nsplit=3, cfg=cfg,
-                                    merge="coop", topk_len=None, attn_sink=None)
-    # chosen by the environment (DSV4LAB_MERGE=coop) instead: the combine launch where coop cannot run
-    launched = []
-    monkeypatch.setattr(split_k, "MERGE", "coop")
-    monkeypatch.setattr(split_k, "combine", lambda *a, **k: launched.append(1))
-    monkeypatch.setattr(head_batched, "launch", lambda *a, **k: launched.append(k.get("merge_into")))
-    split_k.sparse_decode_split(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5, nsplit=3, cfg=cfg,
-                                topk_len=None, attn_sink=None)
-    assert launched == [None, 1]                                 # split launch without merge_into, then the combine
-
-
-@pytest.mark.parametrize("merge", ["fused", "coop"])
-def test_in_launch_merge_with_one_head(merge):
-    # H=1 (one head block of 16 rows, 15 masked): the barrier words must still fit the workspace
+@pytest.mark.parametrize("block_h", [16, 32, 64])
+def test_story_kernel_tiles(block_h):
+    # the story's stage-2 kernel at several head blocks, heads not a multiple of the block
     from dsv4lab import reference
-    from dsv4lab.kernels import head_batched, split_k
-    inp = make_decode_inputs(2, 1, 53, context=200, pad_frac=0.2, topk_len=True, sink=True)
-    cfg = head_batched.TileConfig(16, 16, 4, 1, "test", prefetch=2)
+    from dsv4lab.kernels import head_batched
+    from dsv4lab.planning import TileConfig
+    inp = make_decode_inputs(2, 40, 45, context=120, pad_frac=0.2, topk_len=True, sink=True)
     ro, rl = reference.sparse_decode(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5, **inp.kwargs())
     with poisoned():
-        out, lse = split_k.sparse_decode_split(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5, nsplit=3,
-                                               cfg=cfg, merge=merge, **inp.kwargs())
+        out, lse = head_batched.sparse_decode_story(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5,
+                                                    tiles=TileConfig(block_h, 16, 4, 1, "test"), **inp.kwargs())
     assert rel_err(out.float(), ro) <= OUT_TOL and rel_err(lse, rl) <= LSE_TOL
-    with pytest.raises(ValueError, match="merge_into.*int32 counters of >= 2 x 2"):
-        head_batched.launch(inp.q, inp.cache, inp.indices, None, 512**-0.5, None,
-                            *split_k.workspace(2, 1, 3, inp.q.device)[:2], nsplit=3, cfg=cfg,
-                            merge_into=(out, lse, torch.zeros(3, dtype=torch.int32)), merge=merge)
 
 
-@pytest.mark.parametrize("merge", ["fused", "launch", "coop"])
-def test_bf16_partials(merge, monkeypatch):
+def test_story_launch_is_two_programs_per_request_at_64_heads():
+    # the story's C=1 regression: its head-batched grid had H / BLOCK_H = 2 programs at B=1
+    from dsv4lab.planning import STORY_TILES
+    assert -(-64 // STORY_TILES.block_h) == 2
+
+
+def test_split_launch_refuses_a_sink():
+    from dsv4lab.kernels import head_batched, split_k
+    inp = make_decode_inputs(2, 16, 53, context=200, sink=True)
+    o_part, lse_part = split_k.workspace(2, 16, 3, inp.q.device)
+    with pytest.raises(ValueError, match="attn_sink.*merge"):
+        head_batched.launch(inp.q, inp.cache, inp.indices, None, 512**-0.5, inp.attn_sink, o_part, lse_part,
+                            _launch("plain", 3))
+
+
+def test_bf16_partials(monkeypatch):
     # split-K with bf16 partial outputs (half the workspace bytes): one more rounding, same bound
     from dsv4lab import reference
-    from dsv4lab.kernels import head_batched, split_k
+    from dsv4lab.kernels import split_k
     inp = make_decode_inputs(2, 16, 70, context=300, pad_frac=0.2, topk_len=True, sink=True)
-    cfg = head_batched.TileConfig(16, 16, 4, 1, "test", prefetch=2)
     ro, rl = reference.sparse_decode(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5, **inp.kwargs())
     monkeypatch.setattr(split_k, "_WORKSPACE", {})
     with poisoned():
-        out, lse = split_k.sparse_decode_split(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5, nsplit=3,
-                                               cfg=cfg, merge=merge, partials=torch.bfloat16, **inp.kwargs())
-    assert _only_workspace(split_k) == torch.bfloat16
+        out, lse = split_k.run(inp.q, inp.cache, inp.indices, inp.topk_len, 512**-0.5, inp.attn_sink,
+                               _launch("registers", 3, partials="bfloat16"))
+    (key,) = split_k._WORKSPACE
+    assert key[-1] == "bfloat16"
     assert rel_err(out.float(), ro) <= OUT_TOL
     assert rel_err(lse, rl) <= LSE_TOL
 
 
 @pytest.mark.parametrize("heads,num_warps", [(1, 4), (4, 2), (16, 8)])
 def test_combine_launch_shapes(heads, num_warps):
-    # the combine launch with several heads per program: the same merge (common.merge_partials)
+    # the combine launch with several heads per program: the same merge (split_k.merge_partials)
     from dsv4lab import reference
     from dsv4lab.kernels import head_batched, split_k
     inp = make_decode_inputs(2, 12, 70, context=300, pad_frac=0.2, topk_len=True, sink=True)
     inp.topk_len[1] = 0                                          # a row with no token at all
-    cfg = head_batched.TileConfig(16, 16, 4, 1, "test", prefetch=2)
     ro, rl = reference.sparse_decode(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5, **inp.kwargs())
-    o_part, lse_part, _ = split_k.workspace(2, 12, 3, inp.q.device)
+    o_part, lse_part = split_k.workspace(2, 12, 3, inp.q.device)
     for buf in (o_part, lse_part):                               # poisoned: every element must be written
         buf.fill_(float("nan"))
     out = torch.full((2, 12, 512), float("nan"), device=inp.q.device)
     lse = torch.full((2, 12), float("nan"), device=inp.q.device)
     head_batched.launch(inp.q, inp.cache, inp.indices, inp.topk_len, 512**-0.5, None, o_part, lse_part,
-                        nsplit=3, cfg=cfg)
+                        _launch("registers", 3))
     split_k.combine(o_part, lse_part, inp.attn_sink, out, lse, heads=heads, num_warps=num_warps)
     assert rel_err(out, ro) <= OUT_TOL
     assert rel_err(lse, rl) <= LSE_TOL
@@ -221,20 +199,17 @@ def test_combine_warps_keep_a_slice_row_in_one_thread_group():
         assert w * 32 * (16 // dt.itemsize) == 512, (dt, w)
 
 
-def test_partials_default_is_fp32_in_the_interpreter(monkeypatch):
-    # the interpreter truncates fp32->bf16 casts, so its split-K keeps fp32 partials
+def test_launch_defaults_in_the_interpreter():
+    # the interpreter truncates fp32->bf16 casts and runs no PTX: fp32 partials, "cvt", no PDL;
+    # a Launch asking for the GPU-only options is refused there, naming them
     from dsv4lab.device import is_interpret
-    from dsv4lab.kernels import split_k
+    from dsv4lab.planning import TILE_TABLE, Launch, launch_for
+    opts = launch_for(TILE_TABLE[("9.0", "mma")], 4, programs=4)
     if not is_interpret():
-        assert split_k.partials_dtype() == getattr(torch, split_k.PARTIALS)
-    else:
-        assert split_k.partials_dtype() == torch.float32
-    inp = make_decode_inputs(1, 16, 40, context=100)
-    cfg = split_k.head_batched.TileConfig(16, 16, 4, 1, "test")
-    monkeypatch.setattr(split_k, "_WORKSPACE", {})
-    split_k.sparse_decode_split(inp.q, inp.cache, inp.indices, topk_len=None, sm_scale=512**-0.5, attn_sink=None,
-                                nsplit=2, cfg=cfg)
-    assert _only_workspace(split_k) == split_k.partials_dtype()
+        pytest.skip("GPU: the defaults follow the tile entry")
+    assert (opts.partials, opts.dequant, opts.pdl, opts.fold_scale) == ("float32", "cvt", False, False)
+    with pytest.raises(ValueError, match="interpreter.*bits"):
+        Launch(TILE_TABLE[("9.0", "mma")], dequant="bits")
 
 
 def test_layer_copies_are_new_memory_with_the_same_values():

@@ -71,8 +71,8 @@ def test_clear_errors():
 
 
 def test_missing_data_dir(monkeypatch, tmp_path):
-    monkeypatch.setenv(runs.DATA_ENV, str(tmp_path / "absent"))
-    with pytest.raises(FileNotFoundError, match=runs.DATA_ENV):
+    monkeypatch.setattr(runs, "_DATA", [tmp_path / "absent"])
+    with pytest.raises(FileNotFoundError, match="use_data_dir"):
         runs.available()
 
 
@@ -112,8 +112,8 @@ def test_select_compares_the_dequant_on_whole_row_launches_only():
 def test_a_sweep_row_times_live_with_the_dequant_it_ran():
     # the widgets' live timing rebuilds a row's TileConfig: a "bits" row must not be re-timed as "cvt"
     from dsv4lab import widgets
-    row = dict(block_h=64, block_n=128, num_warps=8, num_stages=1, prefetch=5, lazy_rescale=False)
+    row = dict(block_h=64, block_n=128, num_warps=8, num_stages=1, prefetch=5)
     bits = widgets._tile_config({**row, "dequant": "bits", "fold_scale": True})
-    assert (bits.dequant, bits.fold_scale, bits.prefetch) == ("bits", True, 5)
+    assert (bits.dequant, bits.fold_scale, bits.loop) == ("bits", True, "l2_hint")
     old = widgets._tile_config(pd.Series({**row, "dequant": float("nan"), "fold_scale": float("nan")}))
     assert (old.dequant, old.fold_scale) == ("cvt", False)             # recorded before the keys: cvt

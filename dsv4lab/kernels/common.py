@@ -47,31 +47,12 @@ def load_kv_raw(kv_fp8, kv_u8, kv_bf16, tok, valid, PAGE_SIZE: tl.constexpr, PAG
 
 
 @triton.jit
-def prefetch_kv_l2(kv_u8, tok, valid, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr):
-    """Ask L2 for the bytes of BLOCK_N tokens (PTX prefetch.global.L2), without waiting.
-
-    A hint, not a load: nothing is returned to registers, so it costs a few instructions
-    and no registers, and the later real gather of these tokens hits L2 instead of HBM.
-    Covers each token's 576 data bytes (at most 5 lines of 128 B, hence offsets 0, 128,
-    ..., 512 and 575) and its scale bytes. GPU only: the interpreter cannot run PTX."""
-    safe = tl.where(valid, tok, 0).to(tl.int64)
-    page = safe // PAGE_SIZE
-    slot = safe % PAGE_SIZE
-    data = page * PAGE_BYTES + slot * 576
-    scl = page * PAGE_BYTES + PAGE_SIZE * 576 + slot * 8
-    k = tl.arange(0, 8)
-    off = tl.where(k < 5, k * 128, 575)
-    addr = tl.where(k[None, :] < 7, data[:, None] + off[None, :], scl[:, None])
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [kv_u8 + addr],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def prefetch_kv_l2_bulk(kv_u8, tok, valid, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr):
-    """prefetch_kv_l2 with one instruction per token for its 576 data bytes
-    (``cp.async.bulk.prefetch.L2``, Hopper's bulk-copy engine; 16-byte aligned, a multiple of
-    16 bytes long) and one ``prefetch.global.L2`` for its scale bytes: 2 addresses a token
-    instead of 8, so the hint costs few registers even for 128-token tiles. GPU (sm_90+) only."""
+    """Ask L2 for the bytes of BLOCK_N tokens without waiting: one ``cp.async.bulk.prefetch.L2``
+    per token for its 576 data bytes (Hopper's bulk-copy engine; 16-byte aligned, a multiple of 16
+    bytes long) and one ``prefetch.global.L2`` for its scale bytes. A hint, not a load: nothing
+    comes back to registers, and the later gather of these tokens hits L2 instead of HBM.
+    GPU (sm_90+) only: the interpreter cannot run PTX."""
     safe = tl.where(valid, tok, 0).to(tl.int64)
     page = safe // PAGE_SIZE
     slot = safe % PAGE_SIZE
@@ -166,113 +147,10 @@ def gather_kv_tile(kv_fp8, kv_u8, kv_bf16, tok, valid, PAGE_SIZE: tl.constexpr, 
     return dequant_kv(x, e, r, NOPE, D, OUT, BITS)
 
 
-@triton.jit
-def merge_partials(O_PART, LSE_PART, SINK, O, LSE, b, heads, hmask, H, nsplit,
-                   stride_pb, stride_ph, stride_ps, stride_ob, stride_oh,
-                   HAS_SINK: tl.constexpr, SPLIT_P2: tl.constexpr, DCHUNK: tl.constexpr, D: tl.constexpr,
-                   col0=0, NCOL: tl.constexpr = 0, store_lse=True):
-    """Split-K's merge for the rows ``heads`` of batch ``b``, by log-sum-exp:
-
-        lse = log(sum_i exp(lse_i)),   o = sum_i exp(lse_i - lse) * o_i
-
-    Splits with lse_i = -inf (no valid token) weigh 0; a row with none at all gives
-    o = 0, lse = -inf; the sink is applied once, here. All NSPLIT partials of a column
-    chunk are loaded in one [heads, splits, DCHUNK] tensor so the loads overlap. Loads
-    bypass L1 (.cg): the partials were written by other programs of the same launch.
-    ``col0``/``NCOL``: merge only columns col0 .. col0 + NCOL - 1 (< D) of the rows (NCOL 0: all D;
-    the cooperative merge gives each slice's program a share); ``store_lse``: whether this
-    program writes the merged lse (one program of those sharing the rows)."""
-    s = tl.arange(0, SPLIT_P2)
-    smask = s < nsplit
-    lse_i = tl.load(LSE_PART + (b * H + heads)[:, None] * nsplit + s[None, :],
-                    mask=hmask[:, None] & smask[None, :], other=float("-inf"), cache_modifier=".cg")
-    m = tl.max(lse_i, axis=1)
-    has = m > float("-inf")
-    w = tl.where(lse_i > float("-inf"), tl.exp(lse_i - tl.where(has, m, 0.0)[:, None]), 0.0)
-    wsum = tl.where(has, tl.sum(w, axis=1), 1.0)
-    lse = tl.where(has, m + tl.log(wsum), float("-inf"))
-    scale = 1.0 / wsum
-    if HAS_SINK:
-        sink = tl.load(SINK + heads, mask=hmask, other=0.0).to(tl.float32)
-        new_lse = tl.where(has, tl.maximum(lse, sink) + tl.log(1.0 + tl.exp(-tl.abs(lse - sink))), sink)
-        scale = scale * tl.exp(lse - new_lse)
-        lse = new_lse
-    w = w * scale[:, None]
-    ncol: tl.constexpr = NCOL if NCOL > 0 else D
-    for c in tl.static_range(0, ncol, DCHUNK):
-        col = col0 + c + tl.arange(0, DCHUNK)
-        cmask = col < D
-        o_i = tl.load(O_PART + b * stride_pb + heads[:, None, None] * stride_ph + s[None, :, None] * stride_ps
-                      + col[None, None, :], mask=hmask[:, None, None] & smask[None, :, None] & cmask[None, None, :],
-                      other=0.0, cache_modifier=".cg")
-        out = tl.sum(w[:, :, None] * o_i, axis=1)
-        tl.store(O + b * stride_ob + heads[:, None] * stride_oh + col[None, :], out.to(O.dtype.element_ty),
-                 mask=hmask[:, None] & cmask[None, :])
-    if store_lse:
-        tl.store(LSE + b * H + heads, lse, mask=hmask)
-
-
-@triton.jit
-def coop_merge_share(O_PART, LSE_PART, SINK, O, LSE, b, heads, hmask, H, sp, nsplit,
-                     stride_pb, stride_ph, stride_ps, stride_ob, stride_oh,
-                     HAS_SINK: tl.constexpr, SPLIT_P2: tl.constexpr, DCHUNK: tl.constexpr, D: tl.constexpr,
-                     NCOL: tl.constexpr):
-    """The cooperative merge's share of slice ``sp``: columns sp*NCOL .. sp*NCOL + NCOL - 1 of the
-    rows ``heads`` (NCOL = coop_columns(nsplit); shares past D are empty), merged from all
-    ``nsplit`` partials; slice 0 writes the lse."""
-    merge_partials(O_PART, LSE_PART, SINK, O, LSE, b, heads, hmask, H, nsplit,
-                   stride_pb, stride_ph, stride_ps, stride_ob, stride_oh, HAS_SINK, SPLIT_P2, DCHUNK, D,
-                   sp * NCOL, NCOL, sp == 0)
-
-
-def coop_columns(nsplit: int, d: int = 512) -> int:
-    """Columns each slice's program merges in the cooperative merge: a power of two (a Triton
-    range), at least ceil(d / nsplit), so nsplit shares cover all d."""
-    return triton.next_power_of_2(triton.cdiv(d, nsplit))
-
-
-def merge_chunk(heads: int, split_p2: int, num_warps: int, d: int = 512, per_thread: int = 32) -> int:
-    """merge_partials' column chunk: a program holds heads x SPLIT_P2 x DCHUNK partial values at a
-    time, sized to ~per_thread a thread (at least 16 columns: more for 64 heads x 16 slices
-    at 4 warps). All factors are powers of two, so the chunk is one too and divides D."""
-    for name, v in (("heads", heads), ("split_p2", split_p2), ("num_warps", num_warps)):
-        if v < 1 or v & (v - 1):
-            raise ValueError(f"{name} must be a power of two, got {v}")
-    return max(16, min(d, per_thread * 32 * num_warps // (heads * split_p2)))
-
-
-@triton.jit
-def trace_point(TRACE, slot: tl.constexpr, after=None):
-    """Write the GPU's nanosecond clock (%globaltimer) into TRACE[program, slot] and the SM id
-    into TRACE[program, 3] (GPU only; TRACE is int64 [programs, 4], programs numbered over the
-    whole grid). ``after``: a tensor the reading must wait for (each thread reads the clock once
-    its elements exist; the latest reading is kept)."""
-    if after is None:
-        t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
-    else:
-        t = tl.max(tl.inline_asm_elementwise("mov.u64 $0, %globaltimer; // $1", "=l,r", [after.to(tl.float32)],
-                                              dtype=tl.int64, is_pure=False, pack=1), axis=0)
-    pid = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2) + tl.program_id(2)
-    tl.store(TRACE + pid * 4 + slot, t)
-    if slot == 0:
-        sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=True, pack=1)
-        tl.store(TRACE + pid * 4 + 3, sm.to(tl.int64))
-
-
 def cache_views(cache):
     """(fp8, uint8, bf16) flat views of the cache bytes, the kernel's three pointers."""
     raw = cache.buffer.reshape(-1)
     return raw.view(torch.float8_e4m3fn), raw, raw.view(torch.bfloat16)
-
-
-def use_pdl() -> bool:
-    """Programmatic dependent launch (Hopper and later, GPU only): the split-K combine kernel
-    is launched while the partial kernel still runs and waits on the GPU (griddepcontrol)
-    for its results, instead of paying a launch gap between the two."""
-    if is_interpret():
-        return False
-    cap = info().capability
-    return bool(cap) and int(cap.split(".")[0]) >= 9
 
 
 def dot_dtype():

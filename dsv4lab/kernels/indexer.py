@@ -125,13 +125,13 @@ def logits_triton(q, index_cache: IndexKCache, weights, seq_lens, page_table, ma
     return out
 
 
-@register("indexer_logits", "triton")
+@register("indexer_logits", "triton", stage="S4", description="the Triton indexer: live pages only")
 def _logits(q, index_cache, weights, seq_lens, page_table, *, max_seq_len):
     return logits_triton(q.contiguous(), index_cache, weights.contiguous(), seq_lens.contiguous(), page_table.contiguous(),
                          max_seq_len)
 
 
-@register("indexer_topk", "triton")
+@register("indexer_topk", "triton", stage="S4", description="the Triton indexer: live pages only")
 def _topk(q, index_cache, weights, seq_lens, page_table, *, max_seq_len, topk):
     return topk_from_logits(_logits(q, index_cache, weights, seq_lens, page_table, max_seq_len=max_seq_len), topk)
 

@@ -94,7 +94,8 @@ def run(q, cache, indices, topk_len, sm_scale):
     return out, lse
 
 
-@register("sparse_decode", "sglang")
+@register("sparse_decode", "sglang", stage="S0", needs=("sglang",),
+          description="SGLang 0.5.23's _tiled_sparse_decode_kernel (SIMT), from its wheel")
 def sparse_decode_sglang(q, cache, indices, *, topk_len, sm_scale, attn_sink):
     out, lse = run(q, cache, indices, topk_len, sm_scale)
     if attn_sink is not None:

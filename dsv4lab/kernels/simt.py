@@ -63,7 +63,8 @@ def _simt_decode_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
     tl.store(LSE + b * H + h, lse)
 
 
-@register("sparse_decode", "simt")
+@register("sparse_decode", "simt", stage="S0",
+          description="the lab's SIMT kernel: one program per (batch, head), CUDA cores")
 def sparse_decode_simt(q, cache, indices, *, topk_len, sm_scale, attn_sink):
     B, H, D = q.shape
     q = q.contiguous()
