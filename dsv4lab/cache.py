@@ -19,6 +19,7 @@ Indexer K cache (DeepGEMM fused layout), 132 bytes per token, pages of 64::
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,11 @@ SCALE_BYTES = NUM_SCALES + 1                 # 8
 TOKEN_BYTES = DATA_BYTES + SCALE_BYTES       # 584
 PAGE_ALIGN = 576                             # the reader's TMA row stride
 FP8_MAX = 448.0
+#: the largest UE8M0 scale byte pack_kv writes: 127 + 7, scale 2^7 (every kernel's dequant reads it
+#: exactly, the GPU's integer "bits" dequant included), so |kv| <= 448 x 2^7 on the nope values
+MAX_PACKED_SCALE_BYTE = 134
+MAX_NOPE_ABS = FP8_MAX * 2.0 ** (MAX_PACKED_SCALE_BYTE - 127)      # 57344
+BF16_MAX = torch.finfo(torch.bfloat16).max
 INDEX_DIM = 128
 INDEX_PAGE = 64
 INDEX_TOKEN_BYTES = INDEX_DIM + 4            # 132
@@ -39,6 +45,12 @@ INDEX_TOKEN_BYTES = INDEX_DIM + 4            # 132
 def page_bytes(page_size: int) -> int:
     """Bytes one KV page occupies, padded to a multiple of 576."""
     return -(-page_size * TOKEN_BYTES // PAGE_ALIGN) * PAGE_ALIGN
+
+
+def _first_bad(mask: torch.Tensor) -> str:
+    """'row r, column c' of the first True of a 2-D mask (for error messages)."""
+    r, c = (int(v) for v in mask.nonzero()[0])
+    return f"row {r}, column {c}"
 
 
 def _check_tokens(name, x, width):
@@ -50,13 +62,27 @@ def _check_tokens(name, x, width):
         raise TypeError(f"{name} must be a floating tensor, got {x.dtype}")
     if x.shape[0] == 0:
         raise ValueError(f"{name} must hold at least one token, got N=0")
-    if not torch.isfinite(x).all():
-        raise ValueError(f"{name} holds NaN or inf; the fp8 cache cannot store them")
+    bad = ~torch.isfinite(x.float())
+    if bool(bad.any()):
+        raise ValueError(f"{name} must be finite (as float32); the fp8 cache cannot store NaN or inf: "
+                         f"{name}[{_first_bad(bad)}] = {float(x[bad.nonzero()[0][0], bad.nonzero()[0][1]])!r}")
 
 
-def _check_page_size(page_size):
-    if not isinstance(page_size, int) or page_size < 1:
-        raise ValueError(f"page_size must be a positive int, got {page_size!r}")
+def _int(name, v, lo=None) -> int:
+    """An int argument: Python, numpy and 0-d torch integers are accepted, bools and floats are not."""
+    if isinstance(v, torch.Tensor) and v.dim() == 0 and not v.is_floating_point() and v.dtype != torch.bool:
+        v = int(v)
+    want = {0: "a non-negative int", 1: "a positive int"}.get(lo, "an int" if lo is None else f"an int >= {lo}")
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"{name} must be {want}, got {type(v).__name__} {v!r}")
+    v = int(v)
+    if lo is not None and v < lo:
+        raise ValueError(f"{name} must be {want}, got {v}")
+    return v
+
+
+def _check_page_size(page_size) -> int:
+    return _int("page_size", page_size, 1)
 
 
 def _check_token_ids(token_ids, num_tokens, name="token_ids"):
@@ -69,12 +95,37 @@ def _check_token_ids(token_ids, num_tokens, name="token_ids"):
     return token_ids.long()
 
 
-@dataclass
+@dataclass(frozen=True)
 class KVCache:
-    """A packed DSv4 main KV cache. ``buffer`` is uint8 [num_pages, page_bytes]."""
+    """A packed DSv4 main KV cache. ``buffer`` is uint8 [num_pages, page_bytes], row-contiguous
+    (a view of a larger page pool is fine: rows are pages). Checked when built, so the sizes the
+    kernels and the range checks trust always agree with the bytes that exist; frozen, so they stay so."""
     buffer: torch.Tensor
     page_size: int
     num_tokens: int
+
+    def __post_init__(self):
+        b = self.buffer
+        if not isinstance(b, torch.Tensor):
+            raise TypeError(f"KVCache.buffer must be a torch.Tensor, got {type(b).__name__}")
+        if b.dtype != torch.uint8 or b.dim() != 2:
+            raise ValueError(f"KVCache.buffer must be a 2-D uint8 tensor [num_pages, page_bytes], got "
+                             f"{b.dtype} {list(b.shape)}")
+        ps = _int("KVCache.page_size", self.page_size, 1)
+        object.__setattr__(self, "page_size", ps)
+        if b.shape[0] < 1 or b.shape[1] < ps * TOKEN_BYTES:
+            raise ValueError(f"KVCache.buffer must hold >= 1 page of >= page_size x {TOKEN_BYTES} = "
+                             f"{ps * TOKEN_BYTES} bytes, got {list(b.shape)}")
+        if b.stride(1) != 1 or (b.shape[0] > 1 and b.stride(0) != b.shape[1]):
+            raise ValueError(f"KVCache.buffer must be row-contiguous with rows of page_bytes ({b.shape[1]}): "
+                             f"strides ({b.shape[1]}, 1), got {tuple(b.stride())}")
+        if b.shape[1] % 64 and b.shape[0] > 1:
+            raise ValueError(f"KVCache page_bytes must be a multiple of 64 (the kernels' vector loads), got {b.shape[1]}")
+        n = _int("KVCache.num_tokens", self.num_tokens, 0)
+        object.__setattr__(self, "num_tokens", n)
+        if n > b.shape[0] * ps:
+            raise ValueError(f"KVCache.num_tokens ({n}) must be <= num_pages x page_size "
+                             f"({b.shape[0]} x {ps} = {b.shape[0] * ps})")
 
     @property
     def num_pages(self) -> int:
@@ -132,12 +183,20 @@ def as_kv_cache(x, name: str = "k_cache") -> KVCache:
 
 
 def quantize_nope(nope: torch.Tensor):
-    """[N, 448] float -> (fp8 e4m3 [N, 448], UE8M0 exponent bytes uint8 [N, 7])."""
+    """[N, 448] float -> (fp8 e4m3 [N, 448], UE8M0 exponent bytes uint8 [N, 7]).
+
+    Values must satisfy |x| <= MAX_NOPE_ABS (57344 = 448 x 2^7): larger ones would need a scale
+    byte above MAX_PACKED_SCALE_BYTE, which the GPU's integer dequant cannot apply; refused, naming
+    the element (DSv4's latent KV is normalized: its values are far smaller)."""
+    big = nope.float().abs() > MAX_NOPE_ABS
+    if bool(big.any()):
+        where = _first_bad(big)
+        r, c = (int(v) for v in big.nonzero()[0])
+        raise ValueError(f"kv nope values must satisfy |x| <= {MAX_NOPE_ABS:g} (448 x 2^7, the largest UE8M0 scale "
+                         f"the cache stores is 2^7); kv[{where}] = {float(nope[r, c])!r}")
     x = nope.float().reshape(-1, NUM_SCALES, QUANT_TILE)
     amax = x.abs().amax(dim=-1).clamp_min(1e-8)
     exp = torch.ceil(torch.log2(amax / FP8_MAX))
-    if not bool(torch.isfinite(amax).all()):       # finite fp32 keeps the scale byte <= 247
-        raise ValueError("kv values must be finite (as float32)")
     q = (x / torch.exp2(exp)[..., None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return q.reshape(-1, NOPE_DIM), (exp + 127).to(torch.uint8)
 
@@ -145,7 +204,12 @@ def quantize_nope(nope: torch.Tensor):
 def pack_kv(kv: torch.Tensor, page_size: int = 64) -> KVCache:
     """Quantize ``kv`` [N, 512] (row t = token t) into SGLang's DSv4 paged layout."""
     _check_tokens("kv", kv, HEAD_DIM)
-    _check_page_size(page_size)
+    page_size = _check_page_size(page_size)
+    big = kv[:, NOPE_DIM:].float().abs() > BF16_MAX
+    if bool(big.any()):
+        r, c = (int(v) for v in big.nonzero()[0])
+        raise ValueError(f"kv rope values (columns {NOPE_DIM}..{HEAD_DIM - 1}) are stored in bf16 and must satisfy "
+                         f"|x| <= {BF16_MAX:.4g}; kv[row {r}, column {NOPE_DIM + c}] = {float(kv[r, NOPE_DIM + c])!r}")
     n = kv.shape[0]
     num_pages = -(-n // page_size)
     pb = page_bytes(page_size)
@@ -192,12 +256,33 @@ def dequant_kv(cache: KVCache, token_ids) -> torch.Tensor:
     return torch.cat([nope, rope], dim=-1).reshape(*ids.shape, HEAD_DIM)
 
 
-@dataclass
+@dataclass(frozen=True)
 class IndexKCache:
-    """The indexer's fp8 K cache. ``kv`` is uint8 [num_pages, 64, 1, 132]."""
+    """The indexer's fp8 K cache. ``kv`` is uint8 [num_pages, 64, 1, 132], contiguous. Checked when
+    built (sizes agree with the bytes that exist) and frozen."""
     kv: torch.Tensor
     num_tokens: int
     page_size: int = INDEX_PAGE
+
+    def __post_init__(self):
+        kv = self.kv
+        if not isinstance(kv, torch.Tensor):
+            raise TypeError(f"IndexKCache.kv must be a torch.Tensor, got {type(kv).__name__}")
+        ps = _int("IndexKCache.page_size", self.page_size, 1)
+        if ps != INDEX_PAGE:
+            raise ValueError(f"IndexKCache.page_size must be {INDEX_PAGE} (DeepGEMM's layout), got {ps}")
+        object.__setattr__(self, "page_size", ps)
+        if kv.dtype != torch.uint8 or kv.dim() != 4 or tuple(kv.shape[1:]) != (ps, 1, INDEX_TOKEN_BYTES) \
+                or kv.shape[0] < 1:
+            raise ValueError(f"IndexKCache.kv must be uint8 [num_pages >= 1, {ps}, 1, {INDEX_TOKEN_BYTES}], "
+                             f"got {kv.dtype} {list(kv.shape)}")
+        if not kv.is_contiguous():
+            raise ValueError(f"IndexKCache.kv must be contiguous (pages of {ps * INDEX_TOKEN_BYTES} bytes), "
+                             f"got strides {tuple(kv.stride())}")
+        n = _int("IndexKCache.num_tokens", self.num_tokens, 0)
+        object.__setattr__(self, "num_tokens", n)
+        if n > kv.shape[0] * ps:
+            raise ValueError(f"IndexKCache.num_tokens ({n}) must be <= num_pages x {ps} ({kv.shape[0] * ps})")
 
     @property
     def num_pages(self) -> int:
@@ -217,6 +302,7 @@ class IndexKCache:
 def pack_index_k(k: torch.Tensor, page_size: int = INDEX_PAGE) -> IndexKCache:
     """Quantize ``k`` [N, 128] to fp8 e4m3 with one fp32 scale per token (amax / 448)."""
     _check_tokens("k", k, INDEX_DIM)
+    page_size = _check_page_size(page_size)
     if page_size != INDEX_PAGE:
         raise ValueError(f"page_size must be {INDEX_PAGE} for the indexer cache (DeepGEMM layout), "
                          f"got {page_size}")
