@@ -8,21 +8,19 @@ tensor-core kernel and SGLang's SIMT kernel: each side has its own bf16 rounding
 interpreter truncates SGLang's bf16 stores: 3.7e-3 to 4.1e-3 from float64 alone at these sizes,
 4.3e-3 to 5.1e-3 between the two).
 """
-from dataclasses import dataclass
-
 import math
+from dataclasses import dataclass
 
 import pytest
 import torch
 
 import dsv4lab
-from dsv4lab import reference
 from dsv4lab.cache import TOKEN_BYTES, KVCache, pack_kv
 from dsv4lab.kernels import sglang_peer
-from dsv4lab.testing import LSE_TOL, OUT_TOL, VS_SIMT_TOL, make_decode_inputs, poisoned, rel_err
+from dsv4lab.testing import (COMPRESSED_PAGE, LSE_TOL, OUT_TOL, VS_SIMT_TOL, WINDOW_PAGE, make_merged_decode_inputs,
+                             poisoned, rel_err)
 
 IMPLS = ["simt", "mma", "splitk", "auto", "sglang", "reference"]
-WINDOW_PAGE, COMPRESSED_PAGE = 256, 64
 
 
 def raw_view(cache: KVCache, dtype=torch.float8_e4m3fn, in_pool: bool = False):
@@ -66,18 +64,16 @@ class Inputs:
 
 
 def build(case: Case, dev) -> Inputs:
-    w = make_decode_inputs(case.B, case.H, case.window_k, context=3 * case.window_k + 40, page_size=WINDOW_PAGE,
-                           pad_frac=0.2, topk_len=True, sink=case.sink, device=dev)
-    q, sink = w.q, w.attn_sink
-    c = None
-    if case.compressed_k:
-        c = make_decode_inputs(case.B, case.H, case.compressed_k, context=2 * case.compressed_k + 7,
-                               page_size=COMPRESSED_PAGE, pad_frac=0.1, topk_len=True, device=dev)
-    if case.compressed_k and case.sink:
+    inp = make_merged_decode_inputs(case.B, case.H, case.window_k, case.compressed_k,
+                                    window_context=3 * case.window_k + 40,
+                                    compressed_context=case.compressed_k and 2 * case.compressed_k + 7,
+                                    pad_frac=0.2, topk_len=True, sink=case.sink, device=dev)
+    w, c = inp.window, inp.compressed
+    if c and case.sink:
         empty = [1]
         w.topk_len[1] = 0
         c.indices[1] = -1
-    elif case.compressed_k:
+    elif c:
         empty = [0]
         w.indices[0] = -1
         c.topk_len[0] = 0
@@ -96,15 +92,11 @@ def build(case: Case, dev) -> Inputs:
     def idx_arg(idx):
         return idx.unsqueeze(1) if case.q4 else idx
 
-    args = (q.unsqueeze(1) if case.q4 else q, cache_arg(w.cache), idx_arg(w.indices), w.topk_len, sink, 512, None,
-            cache_arg(c.cache) if c else None, idx_arg(c.indices) if c else None, c.topk_len if c else None)
-    ref = reference.flash_mla_sparse_decode(q, w.cache, w.indices, w.topk_len, sink, None,
-                                            c.cache if c else None, c.indices if c else None, c.topk_len if c else None)
+    args = (w.q.unsqueeze(1) if case.q4 else w.q, cache_arg(w.cache), idx_arg(w.indices), w.topk_len, w.attn_sink,
+            512, None, cache_arg(c.cache) if c else None, idx_arg(c.indices) if c else None, c.topk_len if c else None)
     with sglang_peer.one_config_when_interpreting():
-        sg = sglang_peer.module().flash_mla_sparse_decode_triton(
-            q.unsqueeze(1), w.cache.k_cache, w.indices.unsqueeze(1), w.topk_len, sink, 512, 512 ** -0.5,
-            c.cache.k_cache if c else None, c.indices.unsqueeze(1) if c else None, c.topk_len if c else None)
-    return Inputs(case, args, ref, sg, empty)
+        sg = sglang_peer.module().flash_mla_sparse_decode_triton(*inp.sglang_args(512 ** -0.5))
+    return Inputs(case, args, inp.reference(), sg, empty)
 
 
 @pytest.fixture(scope="module", params=list(CASES), ids=list(CASES))
