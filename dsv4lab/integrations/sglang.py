@@ -82,8 +82,9 @@ def lab_sparse_decode(q, k_cache, indices, topk_length, softmax_scale):
     with no valid token. B = 0 gives empty outputs (SGLang's own function cannot take it).
     Raises :class:`NotSupported` for anything else. Reads no device data on the host
     (``check_ranges=False``): no sync, so CUDA-graph capture works, and SGLang's own function does
-    not check ranges either; out-of-range indices are not caught, and a UE8M0 scale byte above
-    134 on a token that the 64-head tiles read gives NaN there (an fp8 group with |x| > 2^7 * 448).
+    not check ranges either; out-of-range indices are not caught, and where the launch dequantizes
+    with integer ops (a tile entry's "bits") a UE8M0 scale byte above 134 gives NaN in the outputs
+    that read it (an fp8 group with |x| > 2^7 * 448), never a wrong number.
     """
     if not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[1] != 1 or q.shape[3] != HEAD_DIM:
         raise NotSupported(f"q must be [B, 1, H, {HEAD_DIM}], got {_shape(q)}")
