@@ -95,6 +95,8 @@ def lab_sparse_decode(q, k_cache, indices, topk_length, softmax_scale):
     except (TypeError, ValueError) as e:
         raise NotSupported(str(e)) from None
     B, _, H, _ = q.shape
+    if H < 1:
+        raise NotSupported("q has no head (H = 0)")
     if not isinstance(indices, torch.Tensor) or indices.dtype != torch.int32 or indices.dim() < 2 \
             or indices.shape[0] != B:
         raise NotSupported(f"indices must be int32 [B={B}, ...], got {_shape(indices)} {getattr(indices, 'dtype', '')}")
