@@ -211,6 +211,7 @@ def indexer_module(monkeypatch):
 
 def test_indexer_patch_routes_reverses_and_falls_back(mod, indexer_module):
     original = indexer_module.fp8_paged_mqa_logits_torch_sm120
+    decode = mod._run_triton_sparse_decode
     inp = make_indexer_inputs(2, 8, 200, seq_lens=[77, 200], q_dtype=torch.float8_e4m3fn)
     args = _indexer_args(inp)
     want = integration.lab_paged_mqa_logits(*args)
@@ -229,4 +230,4 @@ def test_indexer_patch_routes_reverses_and_falls_back(mod, indexer_module):
         replaced(*args[:7], True)
     integration.unpatch()
     assert indexer_module.fp8_paged_mqa_logits_torch_sm120 is original
-    assert mod._run_triton_sparse_decode is not None and not integration.is_patched()
+    assert mod._run_triton_sparse_decode is decode and not integration.is_patched()
