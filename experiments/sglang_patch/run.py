@@ -28,7 +28,6 @@ Every case is caught: a failure becomes a row with ``error``, and the JSON is wr
 SGLang's autotuner tries 3 configs at each of 2 top-k widths, the lab compiles its launches for
 4 batch sizes x 2 caches), well under 3 minutes.
 """
-import math
 import sys
 import time
 import traceback
