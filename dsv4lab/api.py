@@ -87,34 +87,37 @@ _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def check_sparse_decode_args(q, cache, indices, topk_len, sm_scale, attn_sink, check_ranges=True,
-                             max_scale_byte=None):
+                             max_scale_byte=None, *, names=None, empty_batch_ok=False):
     """Raise a ValueError/TypeError naming the argument and what was expected. ``max_scale_byte``:
-    the impl's ``(B, H, K) -> largest scale byte it reads correctly, or None`` (an impl attribute)."""
+    the impl's ``(B, H, K) -> largest scale byte it reads correctly, or None`` (an impl attribute).
+    ``names``: what the caller calls ``cache``, ``indices``, ``topk_len`` and ``sm_scale`` (for
+    the messages); ``empty_batch_ok``: accept B = 0 (nothing to range-check)."""
+    n = {"cache": "cache", "indices": "indices", "topk_len": "topk_len", "sm_scale": "sm_scale", **(names or {})}
     if not isinstance(cache, KVCache):
-        raise TypeError(f"cache must be a dsv4lab.cache.KVCache (from pack_kv), got {type(cache).__name__}")
+        raise TypeError(f"{n['cache']} must be a dsv4lab.cache.KVCache (from pack_kv), got {type(cache).__name__}")
     dev = cache.device
     _tensor("q", q, dim=3, dtypes=_FLOATS, device=dev)
     B, H, D = q.shape
     if D != HEAD_DIM:
         raise ValueError(f"q must have shape [B, H, {HEAD_DIM}], got {list(q.shape)}")
-    if B < 1 or H < 1:
+    if H < 1 or (B < 1 and not empty_batch_ok):
         raise ValueError(f"q must have B >= 1 and H >= 1, got {list(q.shape)}")
-    _tensor("indices", indices, dim=2, dtypes=(torch.int32,), device=dev, shape=(B, None))
+    _tensor(n["indices"], indices, dim=2, dtypes=(torch.int32,), device=dev, shape=(B, None))
     K = indices.shape[1]
     if K < 1:
-        raise ValueError("indices must have at least one column (K >= 1)")
+        raise ValueError(f"{n['indices']} must have at least one column (K >= 1)")
     if topk_len is not None:
-        _tensor("topk_len", topk_len, dim=1, dtypes=(torch.int32,), device=dev, shape=(B,))
+        _tensor(n["topk_len"], topk_len, dim=1, dtypes=(torch.int32,), device=dev, shape=(B,))
     if attn_sink is not None:
         _tensor("attn_sink", attn_sink, dim=1, dtypes=_FLOATS, device=dev, shape=(H,))
     if sm_scale is not None and not (isinstance(sm_scale, (int, float)) and sm_scale > 0):
-        raise ValueError(f"sm_scale must be a positive float, got {sm_scale!r}")
-    if check_ranges and not _capturing(q):
+        raise ValueError(f"{n['sm_scale']} must be a positive float, got {sm_scale!r}")
+    if check_ranges and B > 0 and not _capturing(q):
         if int(indices.max()) >= cache.num_tokens:
-            raise ValueError(f"indices must be < cache.num_tokens ({cache.num_tokens}) or < 0 for "
-                             f"padding; got max {int(indices.max())}")
+            raise ValueError(f"{n['indices']} must be < {n['cache']}.num_tokens ({cache.num_tokens}) or < 0 "
+                             f"for padding; got max {int(indices.max())}")
         if topk_len is not None and (int(topk_len.min()) < 0 or int(topk_len.max()) > K):
-            raise ValueError(f"topk_len must lie in [0, K={K}], got range "
+            raise ValueError(f"{n['topk_len']} must lie in [0, K={K}], got range "
                              f"[{int(topk_len.min())}, {int(topk_len.max())}]")
         # the launch this shape gets may apply the UE8M0 scale as a bf16 factor (head_batched's
         # "bits" dequant: finite in bf16 only up to a byte): check the tokens this call reads
@@ -124,7 +127,7 @@ def check_sparse_decode_args(q, cache, indices, topk_len, sm_scale, attn_sink, c
             if ids.numel():
                 worst = int(scale_bytes(cache, ids).max())
                 if worst > limit:
-                    raise ValueError(f"cache scale bytes of the indexed tokens must be <= {limit} "
+                    raise ValueError(f"{n['cache']} scale bytes of the indexed tokens must be <= {limit} "
                                      f"(scale <= 2^{limit - 127}) for this impl at this shape; got {worst}. "
                                      f"Use impl='simt' or 'mma_story' (their dequant has no limit)")
         if attn_sink is not None and not bool(torch.isfinite(attn_sink).all()):

@@ -19,32 +19,51 @@ from __future__ import annotations
 import torch
 
 from . import api
-from .cache import HEAD_DIM, KVCache, as_kv_cache
+from .cache import HEAD_DIM, as_kv_cache
 
 _EMPTY_LSE = -1e20            # SGLang's threshold: an lse at or below it is "no valid token"
 
 
 def merge_by_lse(out1, lse1, out2, lse2):
     """Two partial attentions over disjoint token sets -> one, as SGLang merges them.
-    out [..., H, D] (any float dtype), lse [..., H] float32 -> (out bf16, lse float32)."""
+    out [..., H, D] (any float dtype), lse [..., H] float32 -> (out float32, lse float32): the
+    caller rounds once at the end (SGLang rounds to bf16 after the merge and again after the sink)."""
     m = torch.maximum(lse1, lse2)
     w1 = torch.where(lse1 > _EMPTY_LSE, torch.exp(lse1 - m), torch.zeros_like(lse1))
     w2 = torch.where(lse2 > _EMPTY_LSE, torch.exp(lse2 - m), torch.zeros_like(lse2))
     total = (w1 + w2).clamp(min=1e-20)
     out = (w1.unsqueeze(-1) * out1.float() + w2.unsqueeze(-1) * out2.float()) / total.unsqueeze(-1)
-    return out.to(torch.bfloat16), m + torch.log(total)
+    return out, m + torch.log(total)
 
 
 def apply_sink(out, lse, attn_sink):
-    """The attention sink adds exp(sink[h]) to every row's softmax denominator, as SGLang applies it."""
+    """The attention sink adds exp(sink[h]) to every row's softmax denominator, as SGLang applies
+    it: (out float32, lse float32)."""
     new_lse = torch.logaddexp(lse, attn_sink.float().expand_as(lse))
     w = torch.where(lse > _EMPTY_LSE, torch.exp(lse - new_lse), torch.zeros_like(lse))
-    return (out.float() * w.unsqueeze(-1)).to(torch.bfloat16), new_lse
+    return out.float() * w.unsqueeze(-1), new_lse
 
 
-def _indices_2d(name, x, B):
-    if isinstance(x, torch.Tensor) and x.dim() == 3 and x.shape[0] == B and x.shape[1] == 1:
-        return x.reshape(B, -1)
+def _query(q):
+    """q [B, 1, H, 512] or [B, H, 512] -> [B, H, 512]."""
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
+    if q.dim() == 4 and q.shape[1] == 1:
+        return q[:, 0]
+    if q.dim() == 3:
+        return q
+    raise ValueError(f"q must be [B, 1, H, {HEAD_DIM}] (one query token per request) or [B, H, {HEAD_DIM}], "
+                     f"got {list(q.shape)}")
+
+
+def _indices(name, x, B):
+    """indices [B, K] or SGLang's [B, 1, K] -> [B, K] (a view)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() == 3 and x.shape[1] == 1:
+        x = x[:, 0]
+    if x.dim() != 2 or x.shape[0] != B:
+        raise ValueError(f"{name} must be [B={B}, K] or [B={B}, 1, K] int32 token ids, got {list(x.shape)}")
     return x
 
 
@@ -57,63 +76,63 @@ def flash_mla_sparse_decode(q, k_cache, indices, topk_length, attn_sink, head_di
     ``extra_k_cache``: a :class:`dsv4lab.cache.KVCache` or SGLang's fp8 view
     [num_pages, page_size, 1, 584] (read in place, never copied); indices [B, K] or [B, 1, K] int32
     token ids (-1 padding), ``topk_length`` [B] int32 or None; ``attn_sink`` [H] or None;
-    ``head_dim_v`` must be 512. Returns SGLang's layout: out bf16 [B, 1, H, 512], lse float32
-    [B, H, 1] (for a 3-D q: [B, H, 512] and [B, H]).
+    ``head_dim_v`` must be 512; ``softmax_scale`` None means 512 ** -0.5. Returns SGLang's layout:
+    out bf16 [B, 1, H, 512], lse float32 [B, H, 1] (for a 3-D q: [B, H, 512] and [B, H]); a row
+    with no valid token in either cache gives out 0 and lse -inf (the sink's value with a sink).
+    B = 0 gives empty outputs (SGLang's own function cannot take an empty batch).
+    The lab's impls merge and apply the sink in float32 and round once; ``impl="sglang"``
+    rounds as SGLang does (after each cache, the merge and the sink).
     """
-    if not isinstance(q, torch.Tensor):
-        raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
-    squeeze = q.dim() == 3
-    if q.dim() == 4:
-        if q.shape[1] != 1:
-            raise ValueError(f"q must be [B, 1, H, {HEAD_DIM}] (one query token per request), got {list(q.shape)}")
-        q3 = q[:, 0]
-    elif squeeze:
-        q3 = q
-    else:
-        raise ValueError(f"q must be [B, 1, H, {HEAD_DIM}] or [B, H, {HEAD_DIM}], got {list(q.shape)}")
+    q3 = _query(q)
     if head_dim_v != HEAD_DIM:
         raise ValueError(f"head_dim_v must be {HEAD_DIM} (K = V in DSv4's MLA), got {head_dim_v!r}")
     if (extra_k_cache is None) != (extra_indices is None):
         raise ValueError("extra_k_cache and extra_indices go together: pass both or neither")
     if extra_k_cache is None and extra_topk_length is not None:
         raise ValueError("extra_topk_length needs extra_k_cache and extra_indices")
+    fn = api._pick("sparse_decode", impl)
     B = q3.shape[0]
-    kw = dict(sm_scale=softmax_scale, impl=impl, check_ranges=check_ranges)
-    if impl == "sglang":
-        out, lse = _sglang(q3, as_kv_cache(k_cache, "k_cache"), _indices_2d("indices", indices, B), topk_length,
-                           attn_sink, softmax_scale, extra_k_cache, _indices_2d("extra_indices", extra_indices, B),
-                           extra_topk_length, check_ranges)
+    parts = [(as_kv_cache(k_cache, "k_cache"), _indices("indices", indices, B), topk_length, _NAMES)]
+    if extra_k_cache is not None:
+        parts.append((as_kv_cache(extra_k_cache, "extra_k_cache"), _indices("extra_indices", extra_indices, B),
+                      extra_topk_length, _EXTRA_NAMES))
+    for cache, idx, tlen, names in parts:
+        api.check_sparse_decode_args(q3, cache, idx, tlen, softmax_scale, None, check_ranges,
+                                     getattr(fn, "max_scale_byte", None), names=names, empty_batch_ok=True)
+    if attn_sink is not None:
+        api.check_sink(attn_sink, q3, check_ranges)
+    scale = HEAD_DIM ** -0.5 if softmax_scale is None else float(softmax_scale)
+    H = q3.shape[1]
+    if B == 0:
+        out = torch.zeros(0, H, HEAD_DIM, dtype=torch.bfloat16, device=q3.device)
+        lse = torch.zeros(0, H, dtype=torch.float32, device=q3.device)
+    elif impl == "sglang":
+        out, lse = _sglang(q3, parts, attn_sink, scale)
     else:
-        out, lse = api.sparse_decode(q3, as_kv_cache(k_cache, "k_cache"), _indices_2d("indices", indices, B),
-                                     topk_len=topk_length, **kw)
-        if extra_k_cache is not None:
-            o2, l2 = api.sparse_decode(q3, as_kv_cache(extra_k_cache, "extra_k_cache"),
-                                       _indices_2d("extra_indices", extra_indices, B), topk_len=extra_topk_length, **kw)
-            out, lse = merge_by_lse(out, lse, o2, l2)
+        runs = [fn(q3, cache, idx, topk_len=tlen, sm_scale=scale, attn_sink=None) for cache, idx, tlen, _ in parts]
+        out, lse = runs[0]
+        if len(runs) == 2:
+            out, lse = merge_by_lse(out, lse, *runs[1])
         if attn_sink is not None:
-            api.check_sink(attn_sink, q3, check_ranges)
             out, lse = apply_sink(out, lse, attn_sink)
         out = out.to(torch.bfloat16)
-    if squeeze:
+    if q.dim() == 3:
         return out, lse
     return out.unsqueeze(1), lse.unsqueeze(-1)
 
 
-def _sglang(q3, cache: KVCache, indices, topk_length, attn_sink, softmax_scale, extra_k_cache, extra_indices,
-            extra_topk_length, check_ranges):
-    """SGLang's own public function, from its wheel, after the lab's argument checks."""
+_NAMES = {"cache": "k_cache", "indices": "indices", "topk_len": "topk_length", "sm_scale": "softmax_scale"}
+_EXTRA_NAMES = {"cache": "extra_k_cache", "indices": "extra_indices", "topk_len": "extra_topk_length",
+                "sm_scale": "softmax_scale"}
+
+
+def _sglang(q3, parts, attn_sink, scale):
+    """SGLang's own public function, from its wheel (the lab has checked the arguments)."""
     from .kernels import sglang_peer
-    api.check_sparse_decode_args(q3, cache, indices, topk_length, softmax_scale, None, check_ranges)
-    extra = None
-    if extra_k_cache is not None:
-        extra = as_kv_cache(extra_k_cache, "extra_k_cache")
-        api.check_sparse_decode_args(q3, extra, extra_indices, extra_topk_length, softmax_scale, None, check_ranges)
-    if attn_sink is not None:
-        api.check_sink(attn_sink, q3, check_ranges)
-    scale = HEAD_DIM ** -0.5 if softmax_scale is None else float(softmax_scale)
+    (cache, idx, tlen, _), *extra = parts
+    e_cache, e_idx, e_tlen = (extra[0][:3] if extra else (None, None, None))
     with sglang_peer.one_config_when_interpreting():
         out, lse = sglang_peer.module().flash_mla_sparse_decode_triton(
-            q3.unsqueeze(1), cache.k_cache, indices, topk_length,
-            None if attn_sink is None else attn_sink.float(), HEAD_DIM, scale,
-            None if extra is None else extra.k_cache, extra_indices, extra_topk_length)
+            q3.unsqueeze(1), cache.k_cache, idx, tlen, None if attn_sink is None else attn_sink.float(),
+            HEAD_DIM, scale, None if e_cache is None else e_cache.k_cache, e_idx, e_tlen)
     return out[:, 0], lse[..., 0]

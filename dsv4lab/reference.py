@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from .cache import IndexKCache, KVCache, dequant_index_k, dequant_kv
+from .cache import IndexKCache, KVCache, as_kv_cache, dequant_index_k, dequant_kv
 
 
 def sparse_decode(q, cache: KVCache, indices, topk_len=None, sm_scale=None, attn_sink=None):
@@ -85,10 +85,13 @@ def flash_mla_sparse_decode(q, cache: KVCache, indices, topk_len=None, attn_sink
                             extra_cache: KVCache | None = None, extra_indices=None, extra_topk_len=None):
     """Decode over two caches at once (SGLang's window + compressed caches), in float64: one
     softmax over the union of both caches' valid tokens, plus the sink in its denominator.
-    q [B,H,512]; returns (out float32 [B,H,512], lse float32 [B,H])."""
+    q [B,H,512]; caches: KVCache or SGLang's raw fp8 page views (cache.as_kv_cache); indices
+    [B,K] or [B,1,K]; returns (out float32 [B,H,512], lse float32 [B,H])."""
     B, H, D = q.shape
     scale = D ** -0.5 if sm_scale is None else float(sm_scale)
-    parts = [(cache, indices, topk_len)] + ([(extra_cache, extra_indices, extra_topk_len)] if extra_cache else [])
+    parts = [(as_kv_cache(cache), indices, topk_len)]
+    if extra_cache is not None:
+        parts.append((as_kv_cache(extra_cache, "extra_cache"), extra_indices, extra_topk_len))
     scores, values = [], []
     for c, idx, tl_ in parts:
         idx = idx.reshape(B, -1)

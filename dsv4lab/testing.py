@@ -106,6 +106,53 @@ def make_decode_inputs(B, H, K, *, context=None, page_size=64, seed=None, device
     return DecodeInputs(q, cache, idx.to(torch.int32).to(device), tl_, sk)
 
 
+#: SGLang's DSv4 page sizes: the sliding-window cache and the compressed cache
+WINDOW_PAGE, COMPRESSED_PAGE = 256, 64
+
+
+@dataclass
+class MergedDecodeInputs:
+    """One DSv4 decode step over two caches, as SGLang's ``flash_mla_sparse_decode_triton`` takes
+    it: the window cache (pages of 256) and, optionally, the compressed cache (pages of 64),
+    each with its own indices and topk_len; one q and one sink (both held by ``window``)."""
+    window: DecodeInputs
+    compressed: DecodeInputs | None = None
+
+    def sglang_args(self, softmax_scale=None) -> tuple:
+        """SGLang's ten arguments in SGLang's layout: q [B, 1, H, 512], the fp8 page views
+        [num_pages, page_size, 1, 584], indices [B, 1, K]."""
+        w, c = self.window, self.compressed
+        return (w.q.unsqueeze(1), w.cache.k_cache, w.indices.unsqueeze(1), w.topk_len, w.attn_sink, 512,
+                softmax_scale, c.cache.k_cache if c else None, c.indices.unsqueeze(1) if c else None,
+                c.topk_len if c else None)
+
+    def reference(self, softmax_scale=None):
+        """Float64: (out float32 [B, H, 512], lse float32 [B, H])."""
+        from . import reference
+        w, c = self.window, self.compressed
+        return reference.flash_mla_sparse_decode(w.q, w.cache, w.indices, w.topk_len, w.attn_sink, softmax_scale,
+                                                 c.cache if c else None, c.indices if c else None,
+                                                 c.topk_len if c else None)
+
+
+def make_merged_decode_inputs(B, H, window_k, compressed_k=None, *, window_context=None, compressed_context=None,
+                              seed=None, device=None, pad_frac=0.0, topk_len=False, sink=False) -> MergedDecodeInputs:
+    """Random two-cache decode inputs (make_decode_inputs for each cache): request b attends to
+    ``window_k`` of its ``window_context`` tokens in the window cache and, with ``compressed_k``, to
+    ``compressed_k`` of its ``compressed_context`` tokens in the compressed cache."""
+    g = torch.Generator(device="cpu")
+    g.manual_seed(torch.seed() if seed is None else seed)
+    seeds = torch.randint(0, 2**62, (2,), generator=g).tolist()
+    w = make_decode_inputs(B, H, window_k, context=window_context, page_size=WINDOW_PAGE, seed=seeds[0],
+                           device=device, pad_frac=pad_frac, topk_len=topk_len, sink=sink)
+    c = None
+    if compressed_k:
+        c = make_decode_inputs(B, H, compressed_k, context=compressed_context, page_size=COMPRESSED_PAGE,
+                               seed=seeds[1], device=device, pad_frac=pad_frac, topk_len=topk_len)
+        c.q = w.q
+    return MergedDecodeInputs(w, c)
+
+
 def check_decode(impl: str, inp: DecodeInputs, *, against: str = "reference"):
     """Run ``impl`` on poisoned outputs; return (out rel. error, lse rel. error) vs ``against``."""
     from . import api, reference

@@ -53,11 +53,13 @@ def module():
 
 
 @contextlib.contextmanager
-def one_config_when_interpreting():
+def one_config_when_interpreting(mod=None):
     """Inside this block SGLang's autotuned kernel has a single config under the interpreter
     (which cannot time configs: with two or more the autotuner fails), so SGLang's own Python
-    code around the kernel (its launch, LSE merge and sink) runs unchanged. On a GPU: no change."""
-    kernel = module()._tiled_sparse_decode_kernel
+    code around the kernel (its launch, LSE merge and sink) runs unchanged. On a GPU: no change.
+    ``mod``: the loaded flash_mla_sm120_triton module whose kernel to restrict (default: this
+    module's private copy, :func:`module`)."""
+    kernel = (mod or module())._tiled_sparse_decode_kernel
     if not is_interpret():
         yield
         return

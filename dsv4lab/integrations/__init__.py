@@ -1,0 +1,1 @@
+"""The lab's kernels inside serving frameworks: :mod:`dsv4lab.integrations.sglang`."""
