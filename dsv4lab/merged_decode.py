@@ -90,7 +90,8 @@ def flash_mla_sparse_decode(q, k_cache, indices, topk_length, attn_sink, head_di
         raise ValueError("extra_k_cache and extra_indices go together: pass both or neither")
     if extra_k_cache is None and extra_topk_length is not None:
         raise ValueError("extra_topk_length needs extra_k_cache and extra_indices")
-    fn = api._pick("sparse_decode", impl)
+    entry = api.impl_info("sparse_decode", impl)
+    fn = entry.fn
     B = q3.shape[0]
     parts = [(as_kv_cache(k_cache, "k_cache"), _indices("indices", indices, B), topk_length, _NAMES)]
     if extra_k_cache is not None:
@@ -98,7 +99,7 @@ def flash_mla_sparse_decode(q, k_cache, indices, topk_length, attn_sink, head_di
                       extra_topk_length, _EXTRA_NAMES))
     for cache, idx, tlen, names in parts:
         api.check_sparse_decode_args(q3, cache, idx, tlen, softmax_scale, None, check_ranges,
-                                     getattr(fn, "max_scale_byte", None), names=names, empty_batch_ok=True)
+                                     entry.max_scale_byte, names=names, empty_batch_ok=True)
     if attn_sink is not None:
         api.check_sink(attn_sink, q3, check_ranges)
     scale = HEAD_DIM ** -0.5 if softmax_scale is None else float(softmax_scale)
