@@ -1,92 +1,108 @@
 """Where split-K's merge time goes, on the GPU: the split launch alone, the combine launch alone
-(several shapes: heads per program x warps), both together, and both with PDL. One JSON.
+in several shapes (heads per program x warps), both together, and both with PDL. One JSON.
 
-    python tools/ab_combine.py OUT.json [--batches 1 8 16 32 64] [--partials float32 bfloat16] [--shapes 1,4 1,2]
+    python experiments/combine_launch_shape/combine_shape.py OUT.json [--batches 1 8 16 32 64]
+        [--partials bfloat16 float32] [--shapes 1,2 1,4 ...] [--cpu-smoke]
 
-For each B, the launches choose / choose_split pick (NSPLIT > 1 only). Every combine shape is
-checked against the float64 reference (poisoned outputs, topk_len, sink) on the first batch
-size's launches, then timed at every B (CUDA-graph replay, do_bench median, L2 flushed).
+For each B, the split launches splitk and auto take for the shape (planning.choose_split /
+choose, NSPLIT > 1 only). Every combine shape is checked against the float64 reference
+(poisoned outputs, topk_len, -1 padding, sink) on the first batch size's launches, then timed at
+every B (CUDA-graph replay, do_bench median, L2 flushed): "combine launch alone" reads partials
+from HBM (L2 flushed); in "split + combine" they are still in L2. The package's shape is one
+head a program with split_k.combine_warps(dtype) warps (4 for fp32, 2 for bf16). ~3 min on an H200.
 """
-import argparse
-import json
+from dataclasses import replace
 
+import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 import torch
 
-import dsv4lab  # noqa: F401
-from dsv4lab import bench, reference
+from dsv4lab import ab, planning, reference
 from dsv4lab.kernels import common, head_batched, split_k
 from dsv4lab.testing import LSE_TOL, OUT_TOL, make_decode_inputs, poisoned, rel_err
 
-H, K = 64, 512
-SHAPES = [(1, 4), (1, 1), (1, 2), (2, 4), (4, 4), (8, 8), (16, 8)]     # (heads per program, warps)
+QUESTION = "combine_launch_shape"
+#: (heads per program, warps) of the combine launch
+SHAPES = [(1, 2), (1, 4), (1, 1), (2, 4), (4, 4), (8, 8), (16, 8)]
 
 
-def main(path, batches, partial_dtypes=("float32",), shapes=SHAPES):
+def split_plans(B, H, K):
+    found = {}
+    for p in (planning.choose_split(B, H, K), planning.choose(B, H, K)):
+        if p.nsplit > 1:
+            found.setdefault((p.cfg, p.nsplit), p)
+    return list(found.values())
+
+
+def check_shape(opts, heads, warps, chk, ref) -> dict:
+    """The split launch then the combine in this shape, outputs poisoned, against the reference."""
+    B, H, _ = chk.q.shape
+    o_part, lse_part = split_k.workspace(B, H, opts.nsplit, chk.q.device, opts.partials)
+    with poisoned():
+        o_part.fill_(float("nan"))
+        lse_part.fill_(float("nan"))
+        out = common.alloc((B, H, 512), common.out_dtype(), chk.q.device)
+        lse = common.alloc((B, H), torch.float32, chk.q.device)
+    head_batched.launch(chk.q, chk.cache, chk.indices, chk.topk_len, ab.SCALE, None, o_part, lse_part, opts)
+    split_k.combine(o_part, lse_part, chk.attn_sink, out, lse, heads=heads, num_warps=warps)
+    row = dict(out_err=rel_err(out.float(), ref[0]), lse_err=rel_err(lse, ref[1]))
+    row["ok"] = row["out_err"] <= OUT_TOL and row["lse_err"] <= LSE_TOL
+    return row
+
+
+def main(argv=None):
+    def add(p):
+        p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 16, 32, 64])
+        p.add_argument("--partials", nargs="+", default=["bfloat16"], choices=["float32", "bfloat16"])
+        p.add_argument("--shapes", nargs="+", default=[f"{h},{w}" for h, w in SHAPES], help="HEADS,WARPS")
+    a = ab.parse_args(__doc__, add, argv)
+    H, K, ctx = (4, 32, 64) if a.smoke else (64, 512, 8192)
+    batches = [2] if a.smoke else a.batches
+    shapes = [(1, 2), (2, 4)] if a.smoke else [tuple(int(v) for v in s.split(",")) for s in a.shapes]
+    chk = make_decode_inputs(4, H, K, context=ctx, topk_len=True, sink=True, pad_frac=0.1, seed=80)
+    ref = reference.sparse_decode(chk.q, chk.cache, chk.indices, sm_scale=ab.SCALE, **chk.kwargs())
     rows = []
-    chk = make_decode_inputs(4, H, K, context=2048, topk_len=True, sink=True, pad_frac=0.1, seed=13)
-    ro, rl = reference.sparse_decode(chk.q, chk.cache, chk.indices, sm_scale=512**-0.5, **chk.kwargs())
     for B in batches:
-        inp = make_decode_inputs(B, H, K, context=8192, seed=400 + B)
-        plans = {(p.cfg, p.nsplit) for p in (split_k.choose(B, H, K), split_k.choose_split(B, H, K)) if p.nsplit > 1}
-        for (cfg, n), pname in ((c, p) for c in sorted(plans, key=lambda x: (x[0].block_h, x[1]))
-                                for p in partial_dtypes):
-            pdt = getattr(torch, pname)
-            base = dict(B=B, block_h=cfg.block_h, block_n=cfg.block_n, prefetch=cfg.prefetch, nsplit=n, partials=pname)
-            o_part, lse_part, _ = split_k.workspace(B, H, n, inp.q.device, pdt)
-            out = torch.empty(B, H, 512, dtype=torch.bfloat16, device=inp.q.device)
-            lse = torch.empty(B, H, dtype=torch.float32, device=inp.q.device)
+        inp = make_decode_inputs(B, H, K, context=ctx, seed=800 + B)
+        for plan in split_plans(B, H, K):
+            for dtype in a.partials:
+                opts = replace(planning.launch_of_plan(plan), partials=dtype, pdl=False)
+                base = dict(B=B, block_h=plan.cfg.block_h, block_n=plan.cfg.block_n, loop=plan.cfg.loop,
+                            nsplit=plan.nsplit, partials=dtype)
+                o_part, lse_part = split_k.workspace(B, H, plan.nsplit, inp.q.device, dtype)
+                out = torch.empty(B, H, 512, dtype=common.out_dtype(), device=inp.q.device)
+                lse = torch.empty(B, H, dtype=torch.float32, device=inp.q.device)
 
-            def split_only():
-                head_batched.launch(inp.q, inp.cache, inp.indices, None, 512**-0.5, None, o_part, lse_part,
-                                    nsplit=n, cfg=cfg)
-            split_only()
-            rows.append(dict(base, what="split launch alone", us=bench.time_ms(split_only, graph=True) * 1e3))
-            print(rows[-1], flush=True)
-            for heads, warps in shapes:
-                row = dict(base, heads=heads, num_warps=warps)
-                try:
+                def split_only(opts=opts, o_part=o_part, lse_part=lse_part):
+                    head_batched.launch(inp.q, inp.cache, inp.indices, None, ab.SCALE, None, o_part, lse_part, opts)
+                rows.append(ab.attempt(dict(base, what="split launch alone"),
+                                       lambda: {"us": ab.time_us(split_only, a.smoke)}))
+                for heads, warps in shapes:
+                    row = dict(base, heads=heads, num_warps=warps)
                     if B == batches[0]:
-                        co, cl, _ = split_k.workspace(4, H, n, chk.q.device, pdt)
-                        with poisoned():
-                            co.fill_(float("nan"))
-                            cl.fill_(float("nan"))
-                            fo = common.alloc((4, H, 512), torch.bfloat16, chk.q.device)
-                            fl = common.alloc((4, H), torch.float32, chk.q.device)
-                        head_batched.launch(chk.q, chk.cache, chk.indices, chk.topk_len, 512**-0.5, None, co, cl,
-                                            nsplit=n, cfg=cfg)
-                        split_k.combine(co, cl, chk.attn_sink, fo, fl, heads=heads, num_warps=warps)
-                        row["out_err"], row["lse_err"] = rel_err(fo.float(), ro), rel_err(fl, rl)
-                        row["ok"] = row["out_err"] <= OUT_TOL and row["lse_err"] <= LSE_TOL
-                    comb = lambda: split_k.combine(o_part, lse_part, None, out, lse, heads=heads, num_warps=warps)  # noqa: E731
-                    rows.append(dict(row, what="combine launch alone", us=bench.time_ms(comb, graph=True) * 1e3))
-                    print(rows[-1], flush=True)
+                        ab.attempt(row, lambda: check_shape(opts, heads, warps, chk, ref), log=None)
 
-                    def both():
+                    def comb(heads=heads, warps=warps, o_part=o_part, lse_part=lse_part, out=out, lse=lse):
+                        split_k.combine(o_part, lse_part, None, out, lse, heads=heads, num_warps=warps)
+
+                    def both(comb=comb, split_only=split_only):
                         split_only()
                         comb()
-                    rows.append(dict(row, what="split + combine", us=bench.time_ms(both, graph=True) * 1e3))
-                    print(rows[-1], flush=True)
-                except Exception as e:
-                    rows.append(dict(row, what="error", error=repr(e)[:300]))
-                    print(rows[-1], flush=True)
-            if common.use_pdl():                  # the default shape with programmatic dependent launch
-                def both_pdl():
-                    head_batched.launch(inp.q, inp.cache, inp.indices, None, 512**-0.5, None, o_part, lse_part,
-                                        nsplit=n, cfg=cfg, pdl=True)
-                    split_k.combine(o_part, lse_part, None, out, lse, USE_GDC=True, launch_pdl=True)
-                rows.append(dict(base, heads=split_k.COMBINE_HEADS, num_warps=split_k.combine_warps(pdt),
-                                 what="split + combine, PDL", us=bench.time_ms(both_pdl, graph=True) * 1e3))
-                print(rows[-1], flush=True)
+                    rows.append(ab.attempt(dict(row, what="combine launch alone"),
+                                           lambda: {"us": ab.time_us(comb, a.smoke)}))
+                    rows.append(ab.attempt(dict(row, what="split + combine"), lambda: {"us": ab.time_us(both, a.smoke)}))
+                if not a.smoke and planning.pdl_supported():     # the package's shape, PDL on
+                    pdl = replace(opts, pdl=True)
+
+                    def both_pdl(pdl=pdl, o_part=o_part, lse_part=lse_part, out=out, lse=lse):
+                        head_batched.launch(inp.q, inp.cache, inp.indices, None, ab.SCALE, None, o_part, lse_part, pdl)
+                        split_k.combine(o_part, lse_part, None, out, lse, pdl=True)
+                    rows.append(ab.attempt(dict(base, heads=split_k.COMBINE_HEADS,
+                                                num_warps=split_k.combine_warps(getattr(torch, dtype)),
+                                                what="split + combine, PDL"),
+                                           lambda: {"us": ab.time_us(both_pdl, a.smoke)}))
         del inp
-        torch.cuda.empty_cache()
-    json.dump({**bench.environment(), "part": "ab_combine", "rows": rows}, open(path, "w"), indent=1, default=str)
+    ab.write(a.out, QUESTION, a.smoke, H=H, K=K, context=ctx, rows=rows)
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out")
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 16, 32, 64])
-    ap.add_argument("--partials", nargs="+", default=[split_k.PARTIALS], choices=["float32", "bfloat16"])
-    ap.add_argument("--shapes", nargs="+", default=[f"{h},{w}" for h, w in SHAPES], help="HEADS,WARPS of the combine")
-    a = ap.parse_args()
-    main(a.out, a.batches, a.partials, [tuple(int(v) for v in s.split(",")) for s in a.shapes])
+    main()

@@ -1,30 +1,30 @@
-"""The fp8 -> bf16 dequant on the GPU: conversion instructions ("cvt") against integer ops ("bits",
-common.dequant_kv_bits), each with and without the softmax scale folded into exp2's FMA. One JSON.
+"""The fp8 -> bf16 dequant on the GPU: conversion instructions ("cvt") against integer ops
+("bits", kernels.common.dequant_kv_bits), each with and without the softmax scale folded into
+exp2's FMA (Launch.dequant, Launch.fold_scale). One JSON.
 
-    python tools/ab_dequant.py OUT.json [--batches 1 32 128]
+    python experiments/fp8_dequant_by_integer_ops/dequant.py OUT.json [--batches 1 32 128] [--cpu-smoke]
 
-Checks first (poisoned outputs, float64 reference, topk_len, -1 padding, sink): every variant on
-the mma and splitk launches; "bits" must equal "cvt" bitwise with the same fold setting (both
-dequantize exactly), also on a cache holding every e4m3 byte and scale bytes 90..MAX_SCALE_BYTE.
-Then CUDA-graph replay times (do_bench median, L2 flushed) of mma at each B and splitk at B <= 32,
-the variants interleaved, best of 2 passes.
+Checks first (poisoned outputs, float64 reference, topk_len, -1 padding, sink; graph replay
+bitwise): every variant on the launches mma and splitk take for the shape; "bits" must equal
+"cvt" bitwise with the same fold setting (both dequantize exactly), also on a cache holding every
+non-NaN e4m3 byte and scale bytes 90..MAX_SCALE_BYTE. Then mma at each B and splitk at B <= 32,
+in a graph of one call and per call in a graph of 8 calls, the variants interleaved, best of 2
+passes. The interpreter cannot run "bits" (inline PTX): --cpu-smoke runs the "cvt" variants.
+~3 min on an H200.
 """
-import argparse
-import json
+from dataclasses import replace
 
+import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 import torch
 
-import dsv4lab
-from dsv4lab import bench, reference
-from dsv4lab.kernels import common, head_batched
-from dsv4lab.testing import LSE_TOL, OUT_TOL, make_decode_inputs, poisoned, rel_err
+from dsv4lab import ab, bench, reference, roofline
+from dsv4lab.cache import scale_view
+from dsv4lab.kernels import common, head_batched, split_k
+from dsv4lab.testing import make_decode_inputs
 
-H, K = 64, 512
+QUESTION = "fp8_dequant_by_integer_ops"
 VARIANTS = [("cvt", False), ("cvt", True), ("bits", False), ("bits", True)]
-
-
-def use(variant):
-    head_batched.DEQUANT, head_batched.FOLD_SCALE = variant
+LAUNCHES = {"mma": head_batched.mma_launch, "splitk": split_k.splitk_launch}
 
 
 def every_byte_cache(inp):
@@ -36,73 +36,56 @@ def every_byte_cache(inp):
     tok = torch.arange(n)[:, None]
     data = pats[(tok * 7 + torch.arange(448)[None, :]) % len(pats)]
     sc = (90 + (tok * 3 + torch.arange(8)[None, :]) % (common.MAX_SCALE_BYTE - 89)).to(torch.uint8)
-    buf = c.buffer.view(c.num_pages, -1)
-    d = buf[:, : ps * 576].reshape(c.num_pages, ps, 576)
-    d[..., :448] = data.reshape(c.num_pages, ps, 448).to(buf.device)
-    buf[:, ps * 576: ps * 584] = sc.reshape(c.num_pages, ps * 8).to(buf.device)
+    c.buffer[:, : ps * 576].reshape(c.num_pages, ps, 576)[..., :448] = data.reshape(c.num_pages, ps, 448).to(c.device)
+    scale_view(c)[:] = sc.reshape(c.num_pages, ps, 8).to(c.device)
     return inp
 
 
-def run(impl, inp):
-    with poisoned():
-        return dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl=impl, **inp.kwargs())
-
-
-def checks():
+def main(argv=None):
+    a = ab.parse_args(__doc__, lambda p: p.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128]), argv)
+    H, K, ctx = (4, 32, 64) if a.smoke else (64, 512, 8192)
+    variants = [v for v in VARIANTS if v[0] == "cvt"] if a.smoke else VARIANTS
+    cases = {"odd": make_decode_inputs(2 if a.smoke else 5, H, K, context=ctx, topk_len=True, sink=True,
+                                       pad_frac=0.1, seed=21),
+             "every_byte": every_byte_cache(make_decode_inputs(2 if a.smoke else 3, H, K, context=ctx, seed=23))}
+    if not a.smoke:
+        cases["B1"] = make_decode_inputs(1, H, K, context=ctx, seed=22)
     rows = []
-    cases = {"odd": make_decode_inputs(5, H, K, context=1500, topk_len=True, sink=True, pad_frac=0.1, seed=21),
-             "B1": make_decode_inputs(1, H, K, context=8192, seed=22),
-             "every_byte": every_byte_cache(make_decode_inputs(3, H, K, context=1024, seed=23))}
     for name, inp in cases.items():
-        ro, rl = reference.sparse_decode(inp.q, inp.cache, inp.indices, **inp.kwargs())
-        for impl in ("mma", "splitk"):
+        ref = reference.sparse_decode(inp.q, inp.cache, inp.indices, sm_scale=ab.SCALE, **inp.kwargs())
+        B = inp.q.shape[0]
+        for impl, launch in LAUNCHES.items():
             outs = {}
-            for v in VARIANTS:
-                use(v)
-                o, lse = run(impl, inp)
-                outs[v] = (o, lse)
-                row = dict(case=name, impl=impl, dequant=v[0], fold=v[1], out_err=rel_err(o.float(), ro),
-                           lse_err=rel_err(lse, rl))
-                row["ok"] = row["out_err"] <= OUT_TOL and row["lse_err"] <= LSE_TOL
-                if v[0] == "bits":
-                    a, b = outs[("cvt", v[1])], outs[v]
-                    row["bitwise_vs_cvt"] = bool(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]))
-                    row["ok"] = row["ok"] and row["bitwise_vs_cvt"]
+            for dq, fold in variants:
+                opts = replace(launch(B, H, K), dequant=dq, fold_scale=fold)
+
+                def call(x, opts=opts, key=(dq, fold)):
+                    outs[key] = ab.decode(opts, x)
+                    return outs[key]
+                row = ab.attempt(dict(kind="check", case=name, impl=impl, **opts.as_dict()),
+                                 lambda: ab.check(call, inp, a.smoke, ref), log=None)
+                if dq == "bits" and ("cvt", fold) in outs and (dq, fold) in outs:
+                    x, y = outs[("cvt", fold)], outs[(dq, fold)]
+                    row["bitwise_vs_cvt"] = bool(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]))
+                    row["ok"] = row.get("ok", False) and row["bitwise_vs_cvt"]
                 rows.append(row)
                 print(row, flush=True)
-    return rows
-
-
-def timings(batches):
-    rows = []
-    for B in batches:
-        inp = make_decode_inputs(B, H, K, context=8192, seed=500 + B)
-        impls = ["mma"] + (["splitk"] if B <= 32 else [])
-        for impl in impls:
-            fn = lambda: dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl=impl, check_ranges=False)  # noqa: E731
-            best = {}
-            for _ in range(2):
-                for v in VARIANTS:
-                    use(v)
-                    us = bench.time_ms(fn, graph=True) * 1e3
-                    best[v] = min(best.get(v, us), us)
-            for v, us in best.items():
-                row = dict(B=B, impl=impl, dequant=v[0], fold=v[1], us=us)
-                if impl == "mma":
-                    row["tflops"] = 4 * H * K * 512 * B / (us * 1e-6) / 1e12
+    for B in ([2] if a.smoke else a.batches):
+        inp = make_decode_inputs(B, H, K, context=ctx, seed=500 + B)
+        copies = bench.layer_copies(inp, 2 if a.smoke else bench.LAYERS)
+        for impl in ["mma"] + (["splitk"] if B <= 32 else []):
+            opts = {v: replace(LAUNCHES[impl](B, H, K), dequant=v[0], fold_scale=v[1]) for v in variants}
+            best = ab.best_of(1 if a.smoke else 2, opts,
+                              lambda o: ab.graph_times(lambda x: ab.decode(o, x), inp, a.smoke, copies))
+            for v, t in best.items():
+                row = dict(kind="time", B=B, impl=impl, **opts[v].as_dict(), **t)
+                if row.get("graph_us"):
+                    row["tflops"] = roofline.decode_flops(B, H, K) / (row["graph_us"] * 1e-6) / 1e12
                 rows.append(row)
                 print(row, flush=True)
-        del inp
-        torch.cuda.empty_cache()
-    return rows
+        del inp, copies
+    ab.write(a.out, QUESTION, a.smoke, H=H, K=K, context=ctx, rows=rows)
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out")
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 32, 128])
-    a = ap.parse_args()
-    default = (head_batched.DEQUANT, head_batched.FOLD_SCALE)
-    res = {"checks": checks(), "timings": timings(a.batches)}
-    use(default)
-    json.dump({**bench.environment(), "part": "ab_dequant", **res}, open(a.out, "w"), indent=1, default=str)
+    main()
