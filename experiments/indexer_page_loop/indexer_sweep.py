@@ -25,7 +25,7 @@ def main(argv=None):
     a = ab.parse_args(__doc__, add, argv)
     H = 64
     if a.smoke:
-        chk_len, live, shapes, per_sm, stages = 200, 130, [(1, 256), (2, 512)], [1, 4], [1]
+        chk_len, live, shapes, per_sm, stages = 200, 130, [(1, 256), (2, 512)], [2], [1]
     else:
         chk_len, live, shapes, per_sm, stages = 4096, 8192, [(1, 8192), (1, 262208), (32, 8192), (32, 262208)], \
             a.per_sm, a.stages
