@@ -15,7 +15,7 @@ import argparse
 
 import torch
 
-from . import bench, reference
+from . import bench, reference, roofline
 from .device import mode
 from .testing import LSE_TOL, OUT_TOL, poisoned, rel_err
 
@@ -119,6 +119,32 @@ def graph_times(call, inp, smoke: bool, copies=None) -> dict:
     copies = copies or bench.layer_copies(inp, 2 if smoke else bench.LAYERS)
     return {"graph_us": time_us(lambda: call(inp), smoke),
             "graph_layer_us": time_in_graph_us([lambda x=x: call(x) for x in copies], smoke)}
+
+
+def time_variants(variants: dict, inp, smoke: bool) -> dict:
+    """{name: {"graph_us", "graph_layer_us", "tflops"}} for ``variants`` {name: planning.Launch, or a
+    call(x) -> (out, lse)} on ``inp``: a graph of one call and per call in a graph of 8 calls on
+    copies of the inputs (graph_times), the variants interleaved, best of 2 passes (in smoke mode one
+    pass and no times)."""
+    B, H, _ = inp.q.shape
+    flops = roofline.decode_flops(B, H, inp.indices.shape[1])
+    copies = bench.layer_copies(inp, 2 if smoke else bench.LAYERS)
+
+    def measure(v):
+        t = graph_times(v if callable(v) else (lambda x: decode(v, x)), inp, smoke, copies)
+        t["tflops"] = flops / (t["graph_us"] * 1e-6) / 1e12 if t["graph_us"] else None
+        return t
+    return best_of(1 if smoke else 2, variants, measure)
+
+
+def split_plans(B: int, H: int, K: int) -> list:
+    """The split launches (NSPLIT > 1) impls splitk and auto take for the shape (planning.Plan), once each."""
+    from . import planning
+    found = {}
+    for p in (planning.choose_split(B, H, K), planning.choose(B, H, K)):
+        if p.nsplit > 1:
+            found.setdefault((p.cfg, p.nsplit), p)
+    return list(found.values())
 
 
 def write(path: str, question: str, smoke: bool, **payload):

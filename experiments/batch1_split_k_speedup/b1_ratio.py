@@ -15,7 +15,7 @@ The JSON also carries each launch's options. ~1 min on an H200.
 """
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 
-from dsv4lab import ab, bench, planning
+from dsv4lab import ab, planning
 from dsv4lab.kernels import head_batched, split_k
 from dsv4lab.testing import make_decode_inputs
 
@@ -46,13 +46,11 @@ def main(argv=None):
                                lambda: ab.check(caller(opts), chk, a.smoke)))
     for B in ([1] if a.smoke else a.batches):
         inp = make_decode_inputs(B, H, K, context=ctx, seed=900 + B)
-        copies = bench.layer_copies(inp, 2 if a.smoke else bench.LAYERS)
         variants = launches(B, H, K)
-        best = ab.best_of(1 if a.smoke else 2, variants, lambda o: ab.graph_times(caller(o), inp, a.smoke, copies))
-        for name, t in best.items():
+        for name, t in ab.time_variants({n: caller(o) for n, o in variants.items()}, inp, a.smoke).items():
             rows.append(dict(kind="time", B=B, variant=name, launch=variants[name] and variants[name].as_dict(), **t))
             print(rows[-1], flush=True)
-        del inp, copies
+        del inp
     ab.write(a.out, QUESTION, a.smoke, H=H, K=K, context=ctx, rows=rows)
 
 

@@ -25,14 +25,6 @@ QUESTION = "combine_launch_shape"
 SHAPES = [(1, 2), (1, 4), (1, 1), (2, 4), (4, 4), (8, 8), (16, 8)]
 
 
-def split_plans(B, H, K):
-    found = {}
-    for p in (planning.choose_split(B, H, K), planning.choose(B, H, K)):
-        if p.nsplit > 1:
-            found.setdefault((p.cfg, p.nsplit), p)
-    return list(found.values())
-
-
 def check_shape(opts, heads, warps, chk, ref) -> dict:
     """The split launch then the combine in this shape, outputs poisoned, against the reference."""
     B, H, _ = chk.q.shape
@@ -63,7 +55,7 @@ def main(argv=None):
     rows = []
     for B in batches:
         inp = make_decode_inputs(B, H, K, context=ctx, seed=800 + B)
-        for plan in split_plans(B, H, K):
+        for plan in ab.split_plans(B, H, K):
             for dtype in a.partials:
                 opts = replace(planning.launch_of_plan(plan), partials=dtype, pdl=False)
                 base = dict(B=B, block_h=plan.cfg.block_h, block_n=plan.cfg.block_n, loop=plan.cfg.loop,

@@ -17,7 +17,7 @@ from dataclasses import replace
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 import torch
 
-from dsv4lab import ab, bench, reference, roofline
+from dsv4lab import ab, reference
 from dsv4lab.cache import scale_view
 from dsv4lab.kernels import common, head_batched, split_k
 from dsv4lab.testing import make_decode_inputs
@@ -72,18 +72,12 @@ def main(argv=None):
                 print(row, flush=True)
     for B in ([2] if a.smoke else a.batches):
         inp = make_decode_inputs(B, H, K, context=ctx, seed=500 + B)
-        copies = bench.layer_copies(inp, 2 if a.smoke else bench.LAYERS)
         for impl in ["mma"] + (["splitk"] if B <= 32 else []):
             opts = {v: replace(LAUNCHES[impl](B, H, K), dequant=v[0], fold_scale=v[1]) for v in variants}
-            best = ab.best_of(1 if a.smoke else 2, opts,
-                              lambda o: ab.graph_times(lambda x: ab.decode(o, x), inp, a.smoke, copies))
-            for v, t in best.items():
-                row = dict(kind="time", B=B, impl=impl, **opts[v].as_dict(), **t)
-                if row.get("graph_us"):
-                    row["tflops"] = roofline.decode_flops(B, H, K) / (row["graph_us"] * 1e-6) / 1e12
-                rows.append(row)
-                print(row, flush=True)
-        del inp, copies
+            for v, t in ab.time_variants(opts, inp, a.smoke).items():
+                rows.append(dict(kind="time", B=B, impl=impl, **opts[v].as_dict(), **t))
+                print(rows[-1], flush=True)
+        del inp
     ab.write(a.out, QUESTION, a.smoke, H=H, K=K, context=ctx, rows=rows)
 
 

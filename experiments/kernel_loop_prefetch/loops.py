@@ -19,7 +19,7 @@ from dataclasses import replace
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 import triton
 
-from dsv4lab import ab, bench, planning, roofline
+from dsv4lab import ab, planning
 from dsv4lab.testing import make_decode_inputs
 
 QUESTION = "kernel_loop_prefetch"
@@ -53,17 +53,11 @@ def main(argv=None):
                                        lambda: ab.check(call, chk, a.smoke)))
     for use, B, n in shapes:
         inp = make_decode_inputs(B, H, K, context=ctx, seed=900 + B)
-        copies = bench.layer_copies(inp, 2 if a.smoke else bench.LAYERS)
         variants = {loop: launch(entries[use], loop, B, H, n) for loop in planning.LOOPS}
-        best = ab.best_of(1 if a.smoke else 2, variants,
-                          lambda opts: ab.graph_times(lambda x: ab.decode(opts, x), inp, a.smoke, copies))
-        for loop, t in best.items():
-            row = dict(kind="time", entry=use, B=B, **variants[loop].as_dict(), **t)
-            if row.get("graph_us"):
-                row["tflops"] = roofline.decode_flops(B, H, K) / (row["graph_us"] * 1e-6) / 1e12
-            rows.append(row)
-            print(row, flush=True)
-        del inp, copies
+        for loop, t in ab.time_variants(variants, inp, a.smoke).items():
+            rows.append(dict(kind="time", entry=use, B=B, **variants[loop].as_dict(), **t))
+            print(rows[-1], flush=True)
+        del inp
     ab.write(a.out, QUESTION, a.smoke, H=H, K=K, context=ctx, rows=rows)
 
 

@@ -14,7 +14,7 @@ The interpreter has no PDL: --cpu-smoke runs the "off" variant only. ~2 min on a
 from dataclasses import replace
 
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
-from dsv4lab import ab, bench, planning
+from dsv4lab import ab, planning
 from dsv4lab.testing import make_decode_inputs
 
 QUESTION = "pdl_for_the_combine"
@@ -38,13 +38,10 @@ def main(argv=None):
             call = lambda x, opts=opts: ab.decode(opts, x)  # noqa: E731
             rows.append(ab.attempt(dict(base, kind="check", pdl=pdl), lambda: ab.check(call, chk, a.smoke)))
         inp = make_decode_inputs(B, H, K, context=ctx, seed=600 + B)
-        copies = bench.layer_copies(inp, 2 if a.smoke else bench.LAYERS)
-        best = ab.best_of(1 if a.smoke else 2, variants,
-                          lambda opts: ab.graph_times(lambda x: ab.decode(opts, x), inp, a.smoke, copies))
-        for pdl, t in best.items():
+        for pdl, t in ab.time_variants(variants, inp, a.smoke).items():
             rows.append(dict(base, kind="time", pdl=pdl, **t))
             print(rows[-1], flush=True)
-        del inp, copies
+        del inp
     ab.write(a.out, QUESTION, a.smoke, H=H, K=K, context=ctx, rows=rows)
 
 

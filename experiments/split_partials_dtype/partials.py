@@ -16,21 +16,12 @@ from dataclasses import replace
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 import torch
 
-from dsv4lab import ab, bench, planning
+from dsv4lab import ab, planning
 from dsv4lab.kernels import split_k
 from dsv4lab.testing import make_decode_inputs
 
 QUESTION = "split_partials_dtype"
 DTYPES = ("float32", "bfloat16")
-
-
-def split_plans(B, H, K):
-    """The split launches splitk and auto pick for the shape (NSPLIT > 1), without repeats."""
-    found = {}
-    for p in (planning.choose_split(B, H, K), planning.choose(B, H, K)):
-        if p.nsplit > 1:
-            found.setdefault((p.cfg, p.nsplit), p)
-    return list(found.values())
 
 
 def main(argv=None):
@@ -42,8 +33,7 @@ def main(argv=None):
     chk = make_decode_inputs(3, H, K, context=ctx, topk_len=True, sink=True, pad_frac=0.1, seed=70)
     for B in batches:
         inp = make_decode_inputs(B, H, K, context=ctx, seed=700 + B)
-        copies = bench.layer_copies(inp, 2 if a.smoke else bench.LAYERS)
-        for plan in split_plans(B, H, K):
+        for plan in ab.split_plans(B, H, K):
             variants = {d: replace(planning.launch_of_plan(plan), partials=d) for d in DTYPES}
             base = dict(B=B, block_h=plan.cfg.block_h, block_n=plan.cfg.block_n, loop=plan.cfg.loop,
                         nsplit=plan.nsplit)
@@ -52,12 +42,10 @@ def main(argv=None):
                 rows.append(ab.attempt(dict(base, kind="check", partials=d,
                                             combine_warps=split_k.combine_warps(getattr(torch, d))),
                                        lambda: ab.check(call, chk, a.smoke)))
-            best = ab.best_of(1 if a.smoke else 2, variants,
-                              lambda opts: ab.graph_times(lambda x: ab.decode(opts, x), inp, a.smoke, copies))
-            for d, t in best.items():
+            for d, t in ab.time_variants(variants, inp, a.smoke).items():
                 rows.append(dict(base, kind="time", partials=d, **t))
                 print(rows[-1], flush=True)
-        del inp, copies
+        del inp
     ab.write(a.out, QUESTION, a.smoke, H=H, K=K, context=ctx, rows=rows)
 
 
