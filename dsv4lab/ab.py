@@ -149,5 +149,7 @@ def split_plans(B: int, H: int, K: int) -> list:
 
 def write(path: str, question: str, smoke: bool, **payload):
     """The JSON of one run: the environment stamp (date, device, versions, tile table, launches),
-    the experiment's question folder, whether it was a smoke run, and ``payload``."""
+    the experiment's question folder, whether it was a smoke run, and ``payload``. Scripts write it
+    after every batch size (``complete=False``) and once more at the end, so a run cut short
+    keeps what it measured."""
     bench.save(path, {**bench.environment(), "experiment": question, "smoke": smoke, **payload})

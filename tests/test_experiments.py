@@ -47,7 +47,7 @@ def load(path: Path):
 
 def check_smoke_json(path: Path, question: str):
     d = json.loads(path.read_text())
-    assert d["experiment"] == question and d["smoke"] is True
+    assert d["experiment"] == question and d["smoke"] is True and d.get("complete", True) is True
     assert d["rows"], "a smoke run writes its rows"
     for row in d["rows"]:
         assert "error" not in row, row

@@ -51,7 +51,8 @@ def main(argv=None):
             rows.append(dict(kind="time", B=B, variant=name, launch=variants[name] and variants[name].as_dict(), **t))
             print(rows[-1], flush=True)
         del inp
-    ab.write(a.out, QUESTION, a.smoke, H=H, K=K, context=ctx, rows=rows)
+        ab.write(a.out, QUESTION, a.smoke, H=H, K=K, context=ctx, rows=rows, complete=False)   # kept if cut short
+    ab.write(a.out, QUESTION, a.smoke, H=H, K=K, context=ctx, rows=rows, complete=True)
 
 
 if __name__ == "__main__":

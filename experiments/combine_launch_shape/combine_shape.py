@@ -93,7 +93,8 @@ def main(argv=None):
                                                 what="split + combine, PDL"),
                                            lambda: {"us": ab.time_us(both_pdl, a.smoke)}))
         del inp
-    ab.write(a.out, QUESTION, a.smoke, H=H, K=K, context=ctx, rows=rows)
+        ab.write(a.out, QUESTION, a.smoke, H=H, K=K, context=ctx, rows=rows, complete=False)   # kept if cut short
+    ab.write(a.out, QUESTION, a.smoke, H=H, K=K, context=ctx, rows=rows, complete=True)
 
 
 if __name__ == "__main__":
