@@ -238,14 +238,15 @@ def decode_table(impls, batches, *, H=64, K=512, context=8192, page_size=64, bas
 
 def environment() -> dict:
     """Device, versions and date: stamped into every recorded run, with the tile table and the
-    launch options each tensor-core impl takes at the campaign's B = 1 and 32."""
+    launch options each tensor-core impl takes at the campaign's B = 1 and 32 (none in compile
+    mode: no device, so no SM count to plan with)."""
     from . import planning
     d = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
          "device": info().as_dict(), "python": platform.python_version(),
          "torch": torch.__version__, "triton": triton.__version__,
          "tile_table": {f"{k[0]}/{k[1]}": vars(v) for k, v in planning.TILE_TABLE.items()},
          "launches": {f"{impl} B={B}": impl_launch(impl, B, 64, 512).as_dict()
-                      for impl in ("mma_story", "mma", "splitk", "auto") for B in (1, 32)}}
+                      for impl in ("mma_story", "mma", "splitk", "auto") for B in (1, 32)} if mode() != "compile" else None}
     try:
         from .kernels import sglang_peer
         sglang_peer.sglang_file()

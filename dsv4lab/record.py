@@ -168,8 +168,9 @@ def main(out_dir: str, only=None):
     env["ceilings"] = ceilings().as_dict()
     env["launch_floor"] = bench.launch_floor_us()
     _log("ceilings", env["ceilings"], "launch floor", env["launch_floor"], f"{time.time() - t0:.1f}s")
+    command = f"python -m dsv4lab record --out {out_dir}" + (f" --only {' '.join(only)}" if only else "")
     bench.save(os.path.join(out_dir, "device.json"), env)
-    runs.write_manifest(out_dir, "device", env, "python -m dsv4lab record")
+    runs.write_manifest(out_dir, "device", env, command)
     for name in only or PARTS:
         t = time.time()
         try:
@@ -179,5 +180,5 @@ def main(out_dir: str, only=None):
             continue
         payload = {**env, "part": name, "rows": rows, "tile_table": tile_table(), "seconds": time.time() - t}
         bench.save(os.path.join(out_dir, f"{name}.json"), payload)
-        runs.write_manifest(out_dir, name, payload, f"python -m dsv4lab record --only {name}")
+        runs.write_manifest(out_dir, name, payload, command)
         _log(f"== {name} done in {time.time() - t:.0f}s")

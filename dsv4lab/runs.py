@@ -1,12 +1,14 @@
-"""Recorded GPU runs (data/runs/<run>/<part>.json) and the campaign's published
-tables (data/campaign/*.csv), as dicts and pandas DataFrames.
+"""Recorded GPU runs (data/runs/<run>/<part>.json), the A/B studies' data
+(experiments/<question>/<name>.json) and the campaign's published tables
+(data/campaign/*.csv), as dicts and pandas DataFrames.
 
 Notebooks read these at run time and never copy a number out of them: a newer
 recorded run replaces the JSON files and every notebook follows. On a GPU,
 :func:`measure_decode` produces the same table live.
 
-The data folder sits beside the package in a repo checkout (editable install); pass
-``data=`` (or call :func:`use_data_dir`) to read another copy of it.
+The data folder sits beside the package in a repo checkout (editable install), and
+experiments/ beside it; call :func:`use_data_dir` to read another copy of data/ (its
+experiments/ is then the folder next to that copy).
 """
 from __future__ import annotations
 
@@ -53,11 +55,8 @@ def load(part: str, run: str = "h200") -> dict:
         return json.load(f)
 
 
-def table(part: str, run: str = "h200") -> pd.DataFrame:
-    """The rows of a recorded part as a DataFrame (list cells, e.g. a check's case, become tuples)."""
-    rows = load(part, run).get("rows")
-    if rows is None:
-        raise KeyError(f"part {part!r} of run {run!r} has no rows (device.json holds only the environment)")
+def _frame(rows) -> pd.DataFrame:
+    """Rows as a DataFrame; list cells (e.g. a check's case) become tuples, so they can be compared."""
     df = pd.DataFrame(rows)
     for col in df.columns:
         if df[col].map(lambda v: isinstance(v, list)).any():
@@ -65,14 +64,59 @@ def table(part: str, run: str = "h200") -> pd.DataFrame:
     return df
 
 
-def trace_table(run: str = "h200") -> pd.DataFrame:
-    """tools/trace_decode.py's recorded cases, one row each: the graph-replay time (also with the
-    clock reads compiled in) and, from the programs' own clocks (medians over the replays, us),
-    how long a program runs, how much of that is its tile loop, the spread of program starts,
-    and for split-K the gap to the combine launch, the combine programs and the span from the
-    first start to the last store."""
+def table(part: str, run: str = "h200") -> pd.DataFrame:
+    """The rows of a recorded part as a DataFrame (list cells, e.g. a check's case, become tuples)."""
+    rows = load(part, run).get("rows")
+    if rows is None:
+        raise KeyError(f"part {part!r} of run {run!r} has no rows (device.json holds only the environment)")
+    return _frame(rows)
+
+
+def experiments_dir() -> Path:
+    """experiments/ next to the data folder: one folder per A/B study the lab ran, named by its
+    question, with its README (question, prediction, result, decision), data and script."""
+    return data_dir().parent / "experiments"
+
+
+def experiment_names() -> dict[str, list[str]]:
+    """{question: the names of its JSON files (without .json; sub-folders as "folder/name")}."""
+    root = experiments_dir()
+    if not root.is_dir():
+        return {}
+    return {d.name: sorted(p.relative_to(d).with_suffix("").as_posix() for p in d.rglob("*.json"))
+            for d in sorted(root.iterdir()) if d.is_dir() and not d.name.startswith(("_", "."))}
+
+
+def experiment(question: str, name: str) -> dict:
+    """An A/B study's recorded data, experiments/<question>/<name>.json, as the JSON dict (``name``
+    without .json; a file in a sub-folder as "folder/name"). Appendix notebooks read these."""
+    names = experiment_names()
+    if question not in names:
+        raise FileNotFoundError(f"no experiment {question!r} in {experiments_dir()}; "
+                                f"the experiments are {sorted(names)}")
+    name = name.removesuffix(".json")
+    if name not in names[question]:
+        raise FileNotFoundError(f"experiment {question!r} has no data file {name!r}; it has {names[question]}")
+    with open(experiments_dir() / question / f"{name}.json") as f:
+        return json.load(f)
+
+
+def experiment_table(question: str, name: str, key: str = "rows") -> pd.DataFrame:
+    """``experiment(question, name)[key]`` (a list of rows) as a DataFrame."""
+    d = experiment(question, name)
+    if not isinstance(d.get(key), list):
+        raise KeyError(f"experiments/{question}/{name}.json has no list {key!r}; its keys: {sorted(d)}")
+    return _frame(d[key])
+
+
+def trace_table() -> pd.DataFrame:
+    """The program-clock study's recorded cases (experiments/program_clocks), one row each: the
+    graph-replay time (also with the clock reads compiled in) and, from the programs' own clocks
+    (medians over the replays, us), how long a program runs, how much of that is its tile loop,
+    the spread of program starts, and for split-K the gap to the combine launch, the combine
+    programs and the span from the first start to the last store."""
     rows = []
-    for c in load("trace_decode", run)["cases"]:
+    for c in experiment("program_clocks", "trace_decode")["cases"]:
         m = c["medians"]
         rows.append(dict(case=c["case"], B=c["B"], same_tokens=c["same_tokens"], block_h=c.get("block_h"),
                          block_n=c.get("block_n"), nsplit=c.get("nsplit", 1), graph_us=c["graph_us"],
@@ -94,13 +138,20 @@ def ceilings(run: str = "h200"):
     return Ceilings(c["copy_tb_s"], c["bf16_tflops"], c.get("how", ""))
 
 
-def provenance(part: str = "device", run: str = "h200") -> str:
-    """One line saying where, when and with what a recorded part was measured."""
-    d = load(part, run)
+def _provenance(d: dict, where: str) -> str:
     dev = d["device"]
     return (f"RECORDED (not live): {dev['name']}, {dev['sm_count']} SMs, capability {dev['capability']}; "
-            f"torch {d['torch']}, triton {d['triton']}, sglang {d.get('sglang')}; {d['date']} "
-            f"[data/runs/{run}/{part}.json]")
+            f"torch {d['torch']}, triton {d['triton']}, sglang {d.get('sglang')}; {d['date']} [{where}]")
+
+
+def provenance(part: str = "device", run: str = "h200") -> str:
+    """One line saying where, when and with what a recorded part was measured."""
+    return _provenance(load(part, run), f"data/runs/{run}/{part}.json")
+
+
+def experiment_provenance(question: str, name: str) -> str:
+    """:func:`provenance` for an experiment's data file."""
+    return _provenance(experiment(question, name), f"experiments/{question}/{name}.json")
 
 
 def tile_choice(use: str = "mma", run: str = "h200") -> dict:
@@ -136,12 +187,13 @@ def select(df: pd.DataFrame, cfg: dict) -> pd.DataFrame:
 
 #: which notebook or document reads each recorded part (the manifest says it beside each file)
 PART_READERS = {
-    "device": ["notebooks 00-05 (ceilings, launch floor)", "README"],
-    "checks": ["notebooks 01-03", "README"],
+    "device": ["notebooks 00, 01, 02, 04, 05 (ceilings)", "README"],
+    "checks": ["notebook 01"],
     "decode": ["notebooks 01-03", "README"],
-    "tiles": ["notebook 02 (appendix)", "experiments/tile_sweep"],
-    "split": ["notebook 03", "experiments/split_sweep"],
+    "tiles": ["notebook 02", "experiments/tile_sweep"],
+    "split": ["notebooks 02-03", "experiments/split_sweep"],
     "indexer": ["notebooks 04-05", "README"],
+    "launch_floor": ["notebook 03"],
 }
 
 

@@ -35,9 +35,16 @@ def candidate(spec) -> TileConfig:
     return TileConfig(bh, bn, nw, ns, "sweep", loop=loop, dequant=dq, fold_scale=fold)
 
 
-def tile_sweep(candidates=TILE_CANDIDATES, batches=(1, 8, 32, 128), H=64, K=512, context=8192, log=print) -> list[dict]:
+def _graph_us(fn, **kw) -> float:
+    return bench.time_ms(fn, graph=True, **kw) * 1e3
+
+
+def tile_sweep(candidates=TILE_CANDIDATES, batches=(1, 8, 32, 128), H=64, K=512, context=8192, log=print,
+               timer=None) -> list[dict]:
     """Each candidate, checked against the float64 reference (poisoned outputs, topk_len, sink),
-    then timed with graph replay at each B (whole-row launches). One row per config; errors are rows."""
+    then timed with graph replay at each B (whole-row launches). One row per config; errors are rows.
+    ``timer(fn)`` -> us replaces the graph-replay timing (an experiment's smoke mode calls fn once)."""
+    timer = timer or (lambda fn: _graph_us(fn, warmup=10, rep=40))
     rows = []
     inputs = {B: make_decode_inputs(B, H, K, context=context, seed=100 + B) for B in batches}
     chk = make_decode_inputs(4, H, K, context=1024, topk_len=True, sink=True, pad_frac=0.1, seed=5)
@@ -54,7 +61,7 @@ def tile_sweep(candidates=TILE_CANDIDATES, batches=(1, 8, 32, 128), H=64, K=512,
             for B, inp in inputs.items():
                 fn = lambda: head_batched.sparse_decode_mma(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5,  # noqa: E731
                                                             topk_len=None, attn_sink=None, opts=opts)
-                row[f"us_B{B}"] = bench.time_ms(fn, graph=True, warmup=10, rep=40) * 1e3
+                row[f"us_B{B}"] = timer(fn)
         except Exception as e:
             row["error"] = repr(e)[:200]
         rows.append(row)
@@ -83,9 +90,10 @@ def ran(row, cfg) -> bool:
 
 
 def split_sweep(cands, batches=(1, 2, 4, 8, 16, 32, 64, 128), splits=(1, 2, 4, 8, 16), H=64, K=512, context=8192,
-                log=print) -> list[dict]:
+                log=print, timer=None) -> list[dict]:
     """NSPLIT x B for each TileConfig in ``cands`` (graph replay; each launch takes planning.launch_for's
-    options for its slices, PDL where the grid leaves half the SMs idle)."""
+    options for its slices, PDL where the grid leaves half the SMs idle). ``timer`` as in tile_sweep."""
+    timer = timer or (lambda fn: _graph_us(fn, warmup=10, rep=50))
     rows = []
     for B in batches:
         inp = make_decode_inputs(B, H, K, context=context, seed=200 + B)
@@ -98,7 +106,7 @@ def split_sweep(cands, batches=(1, 2, 4, 8, 16, 32, 64, 128), splits=(1, 2, 4, 8
                 fn = lambda: split_k.run(inp.q, inp.cache, inp.indices, None, 512**-0.5, None, opts)  # noqa: E731
                 row = {"B": B, **opts.as_dict()}
                 try:
-                    row["us"] = bench.time_ms(fn, graph=True, warmup=10, rep=50) * 1e3
+                    row["us"] = timer(fn)
                 except Exception as e:
                     row["error"] = repr(e)[:200]
                 rows.append(row)
@@ -114,7 +122,7 @@ def fit_costs(rows, cfg: TileConfig) -> TileConfig:
     when NSPLIT > 1). The slope comes from the split rows (same merge cost), fixed from the single
     launch, the merge from the split rows' intercept."""
     pts = [(triton.cdiv(triton.cdiv(512, cfg.block_n), r["nsplit"]), r["us"], r["nsplit"])
-           for r in rows if r["B"] == 1 and "us" in r and ran(r, cfg)]
+           for r in rows if r["B"] == 1 and r.get("us") is not None and ran(r, cfg)]
     split = [(x, y) for x, y, n in pts if n > 1]
     one = [(x, y) for x, y, n in pts if n == 1]
     if len(split) < 2 or not one or len({x for x, _ in split}) < 2:
@@ -130,5 +138,5 @@ def fit_costs(rows, cfg: TileConfig) -> TileConfig:
 
 
 def best_at(rows, cfg, B=1) -> float:
-    return min(r["us"] for r in rows if r["B"] == B and "us" in r and ran(r, cfg))
+    return min(r["us"] for r in rows if r["B"] == B and r.get("us") is not None and ran(r, cfg))
 

@@ -7,7 +7,8 @@ import pytest
 
 from dsv4lab import runs
 
-RUN_FILES = sorted((Path(__file__).resolve().parent.parent / "data" / "runs").glob("*/*.json"))
+RUN_FILES = sorted(p for p in (Path(__file__).resolve().parent.parent / "data" / "runs").glob("*/*.json")
+                   if p.name != "manifest.json")
 
 
 def test_there_are_recorded_runs():
@@ -117,3 +118,49 @@ def test_a_sweep_row_times_live_with_the_dequant_it_ran():
     assert (bits.dequant, bits.fold_scale, bits.loop) == ("bits", True, "l2_hint")
     old = widgets._tile_config(pd.Series({**row, "dequant": float("nan"), "fold_scale": float("nan")}))
     assert (old.dequant, old.fold_scale) == ("cvt", False)             # recorded before the keys: cvt
+
+
+@pytest.mark.parametrize("folder", sorted({p.parent for p in RUN_FILES}), ids=lambda p: p.name)
+def test_manifest_lists_every_recorded_part(folder):
+    """manifest.json (runs.write_manifest) names every JSON of the run with the file's own date,
+    device and versions, and every entry's file exists."""
+    man = json.loads((folder / "manifest.json").read_text())
+    files = {p.name for p in folder.glob("*.json")} - {"manifest.json"}
+    assert {e["file"] for e in man.values()} == files
+    for part, e in man.items():
+        d = json.loads((folder / e["file"]).read_text())
+        assert e["file"] == f"{part}.json" and e["date"] == d["date"]
+        assert (e["device"], e["torch"], e["triton"]) == (d["device"]["name"], d["torch"], d["triton"])
+        assert e["command"] and e["read_by"]
+
+
+def test_write_manifest_adds_and_replaces_entries(tmp_path):
+    payload = {"date": "2026-01-01T00:00:00+00:00", "device": {"name": "GPU"}, "torch": "t", "triton": "tr"}
+    runs.write_manifest(tmp_path, "decode", payload, "cmd 1")
+    runs.write_manifest(tmp_path, "tiles", payload, "cmd 2")
+    runs.write_manifest(tmp_path, "decode", {**payload, "date": "2026-01-02T00:00:00+00:00"}, "cmd 3")
+    man = json.loads((tmp_path / "manifest.json").read_text())
+    assert list(man) == ["decode", "tiles"]
+    assert man["decode"]["date"].startswith("2026-01-02") and man["decode"]["command"] == "cmd 3"
+    assert man["tiles"]["read_by"] == runs.PART_READERS["tiles"]
+
+
+def test_experiment_data_loads():
+    names = runs.experiment_names()
+    assert "trace_decode" in names["program_clocks"] and "pdl_on/ab_pdl" in names["pdl_for_the_combine"]
+    d = runs.experiment("pdl_for_the_combine", "pdl_on/ab_pdl.json")
+    assert d["rows"] and d["device"]["name"]
+    df = runs.experiment_table("in_graph_timing", "ab_layers2")
+    assert {"kind", "variant", "graph_us", "graph_layer_us"} <= set(df.columns)
+    assert "experiments/in_graph_timing/ab_layers2.json" in runs.experiment_provenance("in_graph_timing", "ab_layers2")
+
+
+def test_experiment_errors_list_what_exists():
+    with pytest.raises(FileNotFoundError, match="program_clocks"):
+        runs.experiment("no_such_question", "x")
+    with pytest.raises(FileNotFoundError, match="trace_decode"):
+        runs.experiment("program_clocks", "no_such_file")
+    with pytest.raises(FileNotFoundError, match="has no data file"):
+        runs.experiment("program_clocks", "../../data/runs/h200/decode")
+    with pytest.raises(KeyError, match="no list 'rows'"):
+        runs.experiment_table("program_clocks", "trace_decode")

@@ -1,0 +1,128 @@
+"""experiments/: every A/B study has a README, its data and its script; the scripts that run on the
+current package run in their CPU smoke mode (tiny shapes, Triton's interpreter, no timings), the
+ones kept for deleted variants say which git tag they run at."""
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXP = ROOT / "experiments"
+FOLDERS = sorted(p for p in EXP.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
+SCRIPTS = sorted(EXP.glob("*/*.py"))
+#: first line of a script kept for variants the package no longer has
+AT_TAG = re.compile(r"# Runs at git tag (exp/\w+) \(commit [0-9a-f]{7,40}\) as tools/\w+\.py, not on the current package")
+#: runnable scripts -> the arguments after OUT.json of their smoke run (None: no JSON of its own)
+RUNNABLE = {
+    "batch1_split_k_speedup/b1_ratio.py": [],
+    "combine_launch_shape/combine_shape.py": [],
+    "fp8_dequant_by_integer_ops/dequant.py": [],
+    "indexer_page_loop/indexer_sweep.py": [],
+    "kernel_loop_prefetch/loops.py": [],
+    "pdl_for_the_combine/pdl.py": [],
+    "split_partials_dtype/partials.py": [],
+    "split_sweep/split_sweep.py": [],
+    "stall_reasons/stall_profile.py": ["mma", "128", "16,16,4,1,l2_hint"],
+    "tile_sweep/tile_sweep.py": [],
+    "sglang_patch/run.py": ["--cpu-smoke"],
+}
+#: run in a process of its own: it compiles (DSV4LAB_MODE=compile) instead of interpreting
+COMPILE_MODE = "compiler_resource_report/resources.py"
+
+
+def rel(p: Path) -> str:
+    return p.relative_to(EXP).as_posix()
+
+
+def load(path: Path):
+    spec = importlib.util.spec_from_file_location(f"experiment_{path.parent.name}_{path.stem}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def check_smoke_json(path: Path, question: str):
+    d = json.loads(path.read_text())
+    assert d["experiment"] == question and d["smoke"] is True and d.get("complete", True) is True
+    assert d["rows"], "a smoke run writes its rows"
+    for row in d["rows"]:
+        assert "error" not in row, row
+        assert row.get("ok", True) is True, row
+
+
+def test_every_script_is_runnable_or_kept_at_a_tag():
+    for path in SCRIPTS:
+        first = path.read_text().splitlines()[0]
+        assert (rel(path) in RUNNABLE or rel(path) in (COMPILE_MODE, "stall_reasons/profile_decode.py")
+                or AT_TAG.match(first)), f"{rel(path)}: neither a smoke-tested script nor kept at a git tag"
+    for name in [*RUNNABLE, COMPILE_MODE]:
+        assert (EXP / name).exists(), name
+
+
+@pytest.mark.parametrize("name", sorted(RUNNABLE))
+def test_script_smoke_run(name, tmp_path):
+    mod = load(EXP / name)
+    out = tmp_path / "out.json"
+    mod.main([str(out), "--cpu-smoke", *RUNNABLE[name]])
+    check_smoke_json(out, name.split("/")[0])
+
+
+def test_ncu_target_smoke_run():
+    out, lse = load(EXP / "stall_reasons/profile_decode.py").target("mma", 2, "16,16,4,1,registers", smoke=True)
+    assert out.shape == (2, 4, 512) and bool(out.float().isfinite().all())
+
+
+def test_stall_summary_from_ncu_csv():
+    sp = load(EXP / "stall_reasons/stall_profile.py")
+    row = sp.summarize(sp.SAMPLE_SOURCE, sp.SAMPLE_DETAILS, "64,128,8,1,l2_hint", 128)
+    assert row["stall_share"] == pytest.approx({"long_sb": 6 / 13, "barrier": 5 / 13, "wait": 2 / 13}, abs=1e-4)
+    assert row["stall_by_opcode"] == pytest.approx({"LDG": 7 / 13, "HGMMA": 3 / 13, "WARPGROUP": 3 / 13}, abs=1e-4)
+    assert row["hot_sass"][0]["sass"].startswith("LDG") and row["duration_us"] == 65.89 and row["registers"] == 255
+
+
+def test_compile_report_smoke_run(tmp_path):
+    load(EXP / COMPILE_MODE)                  # importable in this (interpreter) process
+    out = tmp_path / "out.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(DSV4LAB_MODE="compile", PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, str(EXP / COMPILE_MODE), str(out), "--cpu-smoke"], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    check_smoke_json(out, "compiler_resource_report")
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["ptxas_ok"] and row["registers"] > 0 and row["mma"]
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: p.name)
+def test_readme_names_its_files_and_how_to_rerun(folder):
+    text = (folder / "README.md").read_text()
+    assert text.startswith("# ") and "## Question" in text and "## Decision" in text
+    for f in folder.rglob("*"):
+        if f.is_file() and f.name != "README.md" and "__pycache__" not in f.parts:
+            assert f.relative_to(folder).as_posix() in text, f"{folder.name}/README.md does not name {f.name}"
+    for path in folder.glob("*.py"):
+        m = AT_TAG.match(path.read_text().splitlines()[0])
+        if m:                                 # a kept script: its README says how to check out the tag
+            assert f"git checkout {m.group(1)}" in text, f"{folder.name}/README.md: no 'git checkout {m.group(1)}'"
+    for tag in set(re.findall(r"git checkout (exp/\w+)", text)):
+        assert re.search(rf"{re.escape(tag)}\W+.*\b[0-9a-f]{{40}}\b", text), f"{tag}: give the full commit hash too"
+
+
+def test_index_lists_every_experiment():
+    index = (EXP / "README.md").read_text()
+    for folder in FOLDERS:
+        assert f"[{folder.name}]({folder.name}/)" in index, folder.name
+
+
+@pytest.mark.parametrize("path", sorted(EXP.rglob("*.json")), ids=rel)
+def test_experiment_json_has_provenance(path):
+    d = json.loads(path.read_text())
+    assert isinstance(d.get("date"), str) and d["date"][:4].isdigit()
+    assert d["device"]["name"] and d["torch"] and d["triton"]
+    if d["device"].get("mode") != "compile":
+        assert isinstance(d["device"]["sm_count"], int) and d["device"]["sm_count"] > 0
