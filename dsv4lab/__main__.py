@@ -34,6 +34,14 @@ def _bench_decode(args):
         bench.save(args.json, {**bench.environment(), "ceilings": device.ceilings().as_dict(), "rows": rows})
 
 
+def _readme(args):
+    from . import report
+    stale = report.sync_readme(write=not args.check)
+    if args.check and stale:
+        raise SystemExit(f"README.md tables differ from data/: {', '.join(stale)} (run: python -m dsv4lab readme)")
+    print("README.md: " + (f"rewrote {', '.join(stale)}" if stale else "every table matches data/"))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m dsv4lab")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -59,6 +67,9 @@ def main(argv=None):
     pr.add_argument("--out", required=True)
     pr.add_argument("--only", nargs="+", choices=["checks", "decode", "tiles", "split", "indexer"])
     pr.set_defaults(fn=lambda a: __import__("dsv4lab.record", fromlist=["main"]).main(a.out, a.only))
+    prm = sub.add_parser("readme", help="rewrite README.md's measured tables from data/ (--check: only compare)")
+    prm.add_argument("--check", action="store_true", help="exit 1 if a table differs from the data")
+    prm.set_defaults(fn=_readme)
     args = p.parse_args(argv)
     args.fn(args)
 
