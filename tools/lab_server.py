@@ -83,13 +83,16 @@ def main(argv=None):
     p.add_argument("--root", type=Path, default=NOTEBOOKS, help="folder the file browser opens (default: notebooks/)")
     args = p.parse_args(argv)
     port, token = args.port or free_port(), secrets.token_hex(24)
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # as Ctrl+C: leave no server behind
+        signal.signal(sig, signal.default_int_handler)
     proc = start(args.root, port, token)
     try:
         wait_ready(proc, port, token, timeout=120)
         bar = "=" * 78
         print(f"\n{bar}\n  JupyterLab is running. Open this URL in your browser (Ctrl+C here stops it):\n\n"
               f"    http://127.0.0.1:{port}/lab?token={token}\n\n"
-              f"  kernels \"Python (dsv4lab)\" and \"Python 3\" both run this environment; files: {args.root}\n{bar}\n", flush=True)
+              f"  kernels \"Python (dsv4lab)\" and \"Python 3\" both run this environment\n"
+              f"  files: {args.root}\n{bar}\n", flush=True)
         proc.wait()
     except KeyboardInterrupt:
         pass
