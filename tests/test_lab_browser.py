@@ -40,6 +40,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 # running every cell, saving and turning every widget knob. CPU run times here: 00 ~5 s, 02 ~30 s, 03 ~15 s.
 NOTEBOOKS = {"00_*.ipynb": 300, "02_*.ipynb": 300, "03_*.ipynb": 300, "06_*.ipynb": 300}
 SERVER_START_S = 120
+TURN_S = 120  # for a widget's output to change after one knob is turned
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 pytestmark = pytest.mark.browser
@@ -316,6 +317,7 @@ def _check_widgets(nbp: NotebookPage, n_views: int):
         for kind, control in controls:
             before = view.evaluate(_SNAPSHOT_JS)
             what = _turn(kind, control)
+            turn_deadline = time.monotonic() + TURN_S
             while True:
                 now = view.evaluate(_SNAPSHOT_JS)
                 if now["traceback"]:
@@ -323,8 +325,9 @@ def _check_widgets(nbp: NotebookPage, n_views: int):
                 if now["key"] != before["key"] and not now["empty"] and now["imgs_ok"] \
                         and nbp.kernel_status() == "idle":
                     break
-                if nbp.deadline - time.monotonic() <= 0:
-                    nbp.fail(f"widget {v}: after {what} its output did not change")
+                if time.monotonic() > turn_deadline:
+                    nbp.fail(f"widget {v}: after {what} its output did not change within {TURN_S} s")
+                nbp.left_ms()
                 nbp.page.wait_for_timeout(250)
         nbp.shot(f"widget{v}-after", view)
 
