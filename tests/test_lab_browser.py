@@ -40,6 +40,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 # running every cell, saving and turning every widget knob. CPU run times here: 00 ~5 s, 02 ~30 s, 03 ~15 s.
 NOTEBOOKS = {"00_*.ipynb": 300, "02_*.ipynb": 300, "03_*.ipynb": 300, "06_*.ipynb": 300}
 SERVER_START_S = 120
+OPEN_S = 120  # for a notebook to open with its kernel started
 TURN_S = 120  # for a widget's output to change after one knob is turned
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
@@ -109,8 +110,11 @@ def lab(tmp_path_factory, artifacts):
     try:
         try:
             lab_server.wait_ready(proc, lab.port, lab.token, SERVER_START_S)
+            error = None
         except RuntimeError as e:
-            pytest.fail(f"JupyterLab did not start: {e}. Server log {lab.log}:\n{lab.log_tail()}", pytrace=False)
+            error = e
+        if error:
+            pytest.fail(f"JupyterLab did not start: {error}. Server log {lab.log}:\n{lab.log_tail()}", pytrace=False)
         yield lab
     finally:
         lab_server.stop(proc)
@@ -175,7 +179,7 @@ class NotebookPage:
         self.deadline = time.monotonic() + timeout_s
         self.timeout_s = timeout_s
         self.console_errors: list[str] = []
-        page.on("console", lambda m: m.type == "error" and self.console_errors.append(m.text[:300]))
+        page.on("console", lambda m: m.type == "error" and self.console_errors.append(m.text.splitlines()[0][:300]))
         (ARTIFACTS / self.stem).mkdir(exist_ok=True)
 
     def left_ms(self) -> float:
@@ -207,17 +211,24 @@ class NotebookPage:
         self.page.locator(f'.lm-Menu-item[data-command="{command}"]').click()
 
     def kernel_status(self) -> str:
+        """The kernel's status as the notebook's toolbar shows it."""
         return self.panel.locator(".jp-Notebook-ExecutionIndicator").get_attribute("data-status") or ""
 
+    def kernel_state(self) -> str | None:
+        """The server's view of this notebook's kernel (None: no session yet)."""
+        states = [s["kernel"]["execution_state"] for s in self.lab.api("/api/sessions") if s["path"] == self.name]
+        return states[0] if states else None
+
     def open(self):
+        """Open the notebook and return once its kernel has started and the page shows it idle."""
         # A workspace of its own, reset: only this notebook opens, whatever an earlier run left.
         self.page.goto(self.lab.url(f"/lab/workspaces/{self.stem}/tree/{self.name}?reset"))
-        try:
-            self.page.wait_for_selector(".jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status=idle]",
-                                        timeout=min(self.left_ms(), 120_000))
-        except Exception:
-            self.fail("the notebook did not open with an idle kernel within 120 s "
-                      f"(server log {self.lab.log}):\n{self.lab.log_tail()}")
+        deadline = time.monotonic() + min(self.left_ms() / 1e3, OPEN_S)
+        while not (self.panel.count() and self.kernel_state() == "idle" and self.kernel_status() == "idle"):
+            if time.monotonic() > deadline:
+                self.fail(f"the notebook did not open with an idle kernel within {OPEN_S} s "
+                          f"(server log {self.lab.log}):\n{self.lab.log_tail()}")
+            self.page.wait_for_timeout(250)
 
     def run_all(self):
         """Clear every output, run all cells, return once the kernel is idle and no cell is queued."""
@@ -227,8 +238,8 @@ class NotebookPage:
         while True:
             prompts = self.panel.locator(".jp-CodeCell .jp-InputPrompt").all_inner_texts()
             status = self.kernel_status()
-            if status in ("dead", "unknown"):
-                self.fail(f"kernel {status} while running the cells")
+            if status in ("dead", "autorestarting", "restarting"):
+                self.fail(f"the kernel died while running the cells (status {status!r})")
             done = status == "idle" and not any("*" in p for p in prompts) and any(c.isdigit() for p in prompts
                                                                                     for c in p)
             quiet_since = (quiet_since or time.monotonic()) if done else None
