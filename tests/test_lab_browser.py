@@ -4,8 +4,8 @@ One JupyterLab server (tools/lab_server.py, as ``make lab`` starts it) serves a 
 on a free loopback port with a fresh token. For each notebook in NOTEBOOKS the test opens it,
 clears its outputs, runs all cells, saves it and checks what the page shows against the saved file:
 no error output, every code cell ran, every image output rendered as a loaded <img>, every widget
-output rendered as an ipywidgets view. Then it changes every slider and dropdown of each widget by
-keyboard and waits for the widget's output to change. Screenshots go to test-artifacts/browser/.
+output rendered as an ipywidgets view. Then it turns every slider (by keyboard) and dropdown of each
+widget one step and waits for the widget's output to change. Screenshots go to test-artifacts/browser/.
 
 Needs Chromium (Debian: ``apt-get install chromium``; ``make chromium``) and Playwright for Python
 (the ``test`` extra); Playwright drives the system's Chromium, it downloads no browser of its own.
@@ -128,6 +128,8 @@ def browser():
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
+        sync_playwright = None
+    if sync_playwright is None:
         pytest.fail("Playwright for Python is missing: pip install -e '.[test]' (or pip install playwright)",
                     pytrace=False)
     with sync_playwright() as pw:
