@@ -102,6 +102,8 @@ def lab(tmp_path_factory, artifacts):
     lab = Lab(root, artifacts / "jupyter-server.log")
     # Own config/runtime/data dirs: nothing of the user's Jupyter set-up (or its extensions) leaks in.
     env = {**os.environ, **{f"JUPYTER_{k}_DIR": str(tmp / k.lower()) for k in ("CONFIG", "RUNTIME", "DATA")}}
+    # The notebooks' `import dsv4lab` picks the mode, as for a reader (this process's import set TRITON_INTERPRET).
+    env.pop("TRITON_INTERPRET", None)
     extra = [f"--LabApp.user_settings_dir={tmp / 'settings'}", f"--LabApp.workspaces_dir={tmp / 'workspaces'}",
              "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
     with open(lab.log, "w") as log:
