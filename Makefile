@@ -1,6 +1,7 @@
 # Two commands on a fresh machine (Python 3.11+):
 #   make lab    set up .venv and open the notebooks in JupyterLab
-#   make test   set up .venv and run pytest + nbval over every notebook (CPU mode on a CPU machine)
+#   make test   set up .venv and run pytest (with the JupyterLab browser test) + nbval over every
+#               notebook (CPU mode on a CPU machine)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -10,8 +11,11 @@ TORCH  ?= torch==2.13.0
 # SGLang's production kernels are a peer, used from one file: no dependencies.
 SGLANG ?= sglang==0.5.23
 STAMP  := $(VENV)/.installed
+# The browser test (tests/test_lab_browser.py) drives Debian's Chromium through Playwright.
+CHROMIUM  := /usr/bin/chromium
+ARTIFACTS := test-artifacts
 
-.PHONY: lab test install versions clean
+.PHONY: lab test install versions clean chromium
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,16 +30,28 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 versions: $(STAMP)
-	@grep -iE '^(torch|triton|numpy|jupyterlab|nbval|ipywidgets|pandas|matplotlib|sglang|pytest)==' $(VENV)/versions.txt
+	@grep -iE '^(torch|triton|numpy|jupyterlab|jupyterlab_widgets|nbval|ipywidgets|pandas|matplotlib|sglang|pytest|playwright)==' $(VENV)/versions.txt
 
-# Jupyter refuses to run as root unless told; containers often run as root.
-ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
-
+# JupyterLab on 127.0.0.1 (a free port, a fresh token), notebooks/ open; prints the URL to open.
 lab: $(STAMP)
-	$(BIN)/jupyter lab --ip=127.0.0.1 --no-browser --notebook-dir=notebooks $(ROOT_FLAG)
+	$(BIN)/python tools/lab_server.py
 
-test: $(STAMP)
+# Installs Chromium when missing, as root with apt-get (no recommends: headless needs none); else one line.
+chromium:
+	@test -x $(CHROMIUM) || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing chromium (apt-get) for the browser test"; mkdir -p $(ARTIFACTS); \
+	    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	      chromium fonts-liberation; } > $(ARTIFACTS)/apt-chromium.log 2>&1 \
+	    || { tail -20 $(ARTIFACTS)/apt-chromium.log; echo "apt-get could not install chromium"; exit 1; }; \
+	    test -x $(CHROMIUM) || { echo "apt-get installed chromium but $(CHROMIUM) is missing"; exit 1; }; \
+	  else \
+	    echo "make test needs Chromium at $(CHROMIUM) for its browser test: sudo apt-get install -y chromium"; exit 1; \
+	  fi; }
+
+test: $(STAMP) chromium
 	@$(MAKE) --no-print-directory versions
+	@echo "browser test screenshots: $(CURDIR)/$(ARTIFACTS)/browser/"
 	$(BIN)/python -m pytest tests/ -q
 	$(BIN)/python -m pytest -q --nbval --nbval-current-env --nbval-cell-timeout=600 \
 		--nbval-sanitize-with notebooks/sanitize.cfg notebooks/
