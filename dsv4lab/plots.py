@@ -157,3 +157,54 @@ def programs_vs_sms(ax, programs: dict, sms: dict):
     ax.tick_params(axis="x", labelsize=8)
     ax.legend(fontsize=8)
     return ax
+
+
+def time_vs_batch_floors(ax, df, impls, floors: dict, col="graph_us"):
+    """:func:`time_vs_batch` with several floors: ``floors`` maps a label to a Series / dict
+    (B -> us, drawn as a dashed line) or to a number (one time at every B, a dotted line)."""
+    time_vs_batch(ax, df, impls, col=col)
+    bs = sorted(df["B"].unique())
+    for i, (label, f) in enumerate(floors.items()):
+        color = f"C{(len(impls) + i) % 10}"
+        if isinstance(f, (int, float)):
+            ax.axhline(f, color=color, ls=":", lw=1.5, label=label)
+        else:
+            s = pd.Series(f).sort_index()
+            ax.loglog(s.index, s.values, "--", color=color, label=label)
+    ax.set_xticks(bs, [str(b) for b in bs])
+    ax.minorticks_off()
+    ax.legend(fontsize=7)
+    return ax
+
+
+def head_reads(ax, H, heads_per_program, n_tiles=8):
+    """One query's KV tiles (columns) by head (rows), coloured by the program that loads them
+    when each program owns ``heads_per_program`` heads: each tile is read once per program.
+    Returns how many times each tile is read."""
+    n_prog = math.ceil(H / heads_per_program)
+    prog = np.repeat(np.arange(H) // heads_per_program, n_tiles).reshape(H, n_tiles)
+    ax.imshow(prog % 20, cmap="tab20", vmin=0, vmax=19, aspect="auto", interpolation="nearest")
+    for p in range(1, n_prog):      # a line where one program's heads end
+        ax.axhline(p * heads_per_program - 0.5, color="white", lw=0.6 if n_prog > 16 else 1.5)
+    ax.set_xticks(range(n_tiles), [f"t{i}" for i in range(n_tiles)], fontsize=7)
+    ax.set_xlabel("gathered KV tile of one query's top-k row")
+    ax.set_ylabel(f"head (0..{H - 1})")
+    ax.set_title(f"{heads_per_program} head(s) per program: {n_prog} program(s) per query,\n"
+                 f"each tile read {n_prog}x", fontsize=9)
+    return n_prog
+
+
+def bytes_served_bars(ax, served: dict, floor_bytes, chosen=None):
+    """Bars of the bytes a launch makes the memory system serve (label -> bytes, MB on a log
+    axis) against the byte floor (a dashed line); the ``chosen`` label in red."""
+    labels = list(served)
+    mb = [served[k] / 1e6 for k in labels]
+    ax.barh(labels, mb, color=["C3" if k == chosen else "C0" for k in labels])
+    ax.axvline(floor_bytes / 1e6, color="black", ls="--", lw=1, label=f"byte floor {floor_bytes / 1e6:.3g} MB")
+    for i, v in enumerate(mb):
+        ax.text(v, i, f" {v / (floor_bytes / 1e6):.1f}x", va="center", fontsize=7)
+    ax.set_xscale("log")
+    ax.set_xlim(floor_bytes / 1e6 / 2, max(mb) * 4)
+    ax.set_xlabel("MB served per call (log)")
+    ax.legend(fontsize=7, loc="lower right")
+    return ax
