@@ -206,5 +206,5 @@ def bytes_served_bars(ax, served: dict, floor_bytes, chosen=None):
     ax.set_xscale("log")
     ax.set_xlim(floor_bytes / 1e6 / 2, max(mb) * 4)
     ax.set_xlabel("MB served per call (log)")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper right")
     return ax
