@@ -177,23 +177,6 @@ def time_vs_batch_floors(ax, df, impls, floors: dict, col="graph_us"):
     return ax
 
 
-def head_reads(ax, H, heads_per_program, n_tiles=8):
-    """One query's KV tiles (columns) by head (rows), coloured by the program that loads them
-    when each program owns ``heads_per_program`` heads: each tile is read once per program.
-    Returns how many times each tile is read."""
-    n_prog = math.ceil(H / heads_per_program)
-    prog = np.repeat(np.arange(H) // heads_per_program, n_tiles).reshape(H, n_tiles)
-    ax.imshow(prog % 20, cmap="tab20", vmin=0, vmax=19, aspect="auto", interpolation="nearest")
-    for p in range(1, n_prog):      # a line where one program's heads end
-        ax.axhline(p * heads_per_program - 0.5, color="white", lw=0.6 if n_prog > 16 else 1.5)
-    ax.set_xticks(range(n_tiles), [f"t{i}" for i in range(n_tiles)], fontsize=7)
-    ax.set_xlabel("gathered KV tile of one query's top-k row")
-    ax.set_ylabel(f"head (0..{H - 1})")
-    ax.set_title(f"{heads_per_program} head(s) per program: {n_prog} program(s) per query,\n"
-                 f"each tile read {n_prog}x", fontsize=9)
-    return n_prog
-
-
 def bytes_served_bars(ax, served: dict, floor_bytes, chosen=None):
     """Bars of the bytes a launch makes the memory system serve (label -> bytes, MB on a log
     axis) against the byte floor (a dashed line); the ``chosen`` label in red."""

@@ -406,10 +406,10 @@ def heads_per_program_view(heads_per_program, B, live=False, *, decode, tiles=No
     many heads per program run live at ``live_shape`` against the float64 reference."""
     floor = roofline.decode_floor_bytes(B, H, K)
     served = {f"{hp} head(s)/program": roofline.decode_served_bytes(B, H, K, hp) for hp in HEADS_PER_PROGRAM}
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.2), gridspec_kw={"width_ratios": [1, 1.3]})
-    plots.head_reads(axes[0], H, heads_per_program)
-    plots.bytes_served_bars(axes[1], served, floor, chosen=f"{heads_per_program} head(s)/program")
-    axes[1].set_title(f"bytes served per call at B={B}", fontsize=9)
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.2), gridspec_kw={"width_ratios": [1, 1, 1.3]})
+    plots.traffic_diagram(axes[:2], H, heads_per_program)      # the SIMT grid beside this setting
+    plots.bytes_served_bars(axes[2], served, floor, chosen=f"{heads_per_program} head(s)/program")
+    axes[2].set_title(f"bytes served per call at B={B}", fontsize=9)
     plt.tight_layout()
     plt.show()
     progs = B * -(-H // heads_per_program)
