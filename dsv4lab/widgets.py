@@ -405,18 +405,19 @@ def heads_per_program_view(heads_per_program, B, live=False, *, decode, tiles=No
     the bytes each setting serves at ``B``, the recorded times, and a kernel launched with that
     many heads per program run live at ``live_shape`` against the float64 reference."""
     floor = roofline.decode_floor_bytes(B, H, K)
-    served = {f"{hp} head(s)/program": roofline.decode_served_bytes(B, H, K, hp) for hp in HEADS_PER_PROGRAM}
+    served = {str(hp): roofline.decode_served_bytes(B, H, K, hp) for hp in HEADS_PER_PROGRAM}
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.2), gridspec_kw={"width_ratios": [1, 1, 1.3]})
     plots.traffic_diagram(axes[:2], H, heads_per_program)      # the SIMT grid beside this setting
-    plots.bytes_served_bars(axes[2], served, floor, chosen=f"{heads_per_program} head(s)/program")
-    axes[2].set_title(f"bytes served per call at B={B}", fontsize=9)
-    plt.tight_layout()
+    plots.bytes_served_bars(axes[2], served, floor, chosen=str(heads_per_program))
+    axes[2].set(title=f"bytes served per call at B={B}", ylabel="heads per program")
+    axes[2].title.set_fontsize(9)
+    fig.subplots_adjust(wspace=0.4)       # fixed spacing: a tight layout costs a render per call
     plt.show()
     progs = B * -(-H // heads_per_program)
     on = f" on {sms} SMs" if sms else ""
     print(f"B={B}, {heads_per_program} head(s) per program: {progs} programs{on}; each gathered tile is read "
-          f"{-(-H // heads_per_program)}x per query; {served[f'{heads_per_program} head(s)/program'] / 1e6:.1f} MB "
-          f"served = {served[f'{heads_per_program} head(s)/program'] / floor:.1f}x the byte floor")
+          f"{-(-H // heads_per_program)}x per query; {served[str(heads_per_program)] / 1e6:.1f} MB "
+          f"served = {served[str(heads_per_program)] / floor:.1f}x the byte floor")
     rec = recorded_at_heads(decode, tiles, heads_per_program, B)
     print("recorded (graph replay): " + (" | ".join(f"{k} {v:.1f} us" for k, v in rec.items()) if rec
                                           else f"no whole-row launch with {heads_per_program} heads per program "
@@ -438,11 +439,11 @@ def heads_per_program_view(heads_per_program, B, live=False, *, decode, tiles=No
 
 
 def explore_heads_per_program(decode: pd.DataFrame, tiles: pd.DataFrame | None = None, H=64, K=512, sms=None,
-                              context=8192, live_shape=(1, 64, 40)):
+                              context=8192, live_shape=(1, 64, 40), batch=32):
     """Heads per program (1 = the SIMT grid (B, H); more = the head-batched grid) and B: who reads
     each gathered KV tile, bytes served vs the floor, recorded times of launches with that many
     heads per program, and one such kernel run live at ``live_shape`` (B, H, K) against the float64
-    reference (interpreter on a CPU; a live timing at the full shape on a GPU)."""
+    reference (interpreter on a CPU; a live timing at the full shape on a GPU). ``batch``: the B shown first."""
     batches = sorted(int(b) for b in decode["B"].unique())
 
     def show(heads_per_program, B, live):
@@ -450,4 +451,4 @@ def explore_heads_per_program(decode: pd.DataFrame, tiles: pd.DataFrame | None =
                                context=context, live_shape=live_shape)
 
     return w.interactive(show, heads_per_program=_slider(HEADS_PER_PROGRAM, 1, "heads/prog"),
-                         B=_slider(batches, 32, "B"), live=_live_box())
+                         B=_slider(batches, batch, "B"), live=_live_box())
