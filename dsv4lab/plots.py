@@ -157,3 +157,37 @@ def programs_vs_sms(ax, programs: dict, sms: dict):
     ax.tick_params(axis="x", labelsize=8)
     ax.legend(fontsize=8)
     return ax
+
+
+def time_vs_batch_floors(ax, df, impls, floors: dict, col="graph_us"):
+    """:func:`time_vs_batch` with several floors: ``floors`` maps a label to a Series / dict
+    (B -> us, drawn as a dashed line) or to a number (one time at every B, a dotted line)."""
+    time_vs_batch(ax, df, impls, col=col)
+    bs = sorted(df["B"].unique())
+    for i, (label, f) in enumerate(floors.items()):
+        color = f"C{(len(impls) + i) % 10}"
+        if isinstance(f, (int, float)):
+            ax.axhline(f, color=color, ls=":", lw=1.5, label=label)
+        else:
+            s = pd.Series(f).sort_index()
+            ax.loglog(s.index, s.values, "--", color=color, label=label)
+    ax.set_xticks(bs, [str(b) for b in bs])
+    ax.minorticks_off()
+    ax.legend(fontsize=7)
+    return ax
+
+
+def bytes_served_bars(ax, served: dict, floor_bytes, chosen=None):
+    """Bars of the bytes a launch makes the memory system serve (label -> bytes, MB on a log
+    axis) against the byte floor (a dashed line); the ``chosen`` label in red."""
+    labels = list(served)
+    mb = [served[k] / 1e6 for k in labels]
+    ax.barh(labels, mb, color=["C3" if k == chosen else "C0" for k in labels])
+    ax.axvline(floor_bytes / 1e6, color="black", ls="--", lw=1, label=f"byte floor {floor_bytes / 1e6:.3g} MB")
+    for i, v in enumerate(mb):
+        ax.text(v, i, f" {v / (floor_bytes / 1e6):.1f}x", va="center", fontsize=7)
+    ax.set_xscale("log")
+    ax.set_xlim(floor_bytes / 1e6 / 2, max(mb) * 4)
+    ax.set_xlabel("MB served per call (log)")
+    ax.legend(fontsize=7, loc="upper right")
+    return ax
