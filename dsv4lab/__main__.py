@@ -1,4 +1,4 @@
-"""Command line: ``python -m dsv4lab info | bench decode ... | record --out DIR``."""
+"""Command line: ``python -m dsv4lab info | bench decode ... | record --out DIR | reproduce [--quick] [--out DIR]``."""
 from __future__ import annotations
 
 import argparse
@@ -67,6 +67,15 @@ def main(argv=None):
     pr.add_argument("--out", required=True)
     pr.add_argument("--only", nargs="+", choices=["checks", "decode", "tiles", "split", "indexer"])
     pr.set_defaults(fn=lambda a: __import__("dsv4lab.record", fromlist=["main"]).main(a.out, a.only))
+    prp = sub.add_parser("reproduce", help="the campaign replayed on a synthetic DSv4-Flash decode step: "
+                                           "profile shifts and throughput per stage (dsv4lab.replay)")
+    prp.add_argument("--quick", action="store_true", help="the CPU preset's small shapes (what a CPU runs anyway)")
+    prp.add_argument("--stages", nargs="+", help="stage names (default all: S0 S1 S2 S3 S4 S1best S0cap S3cap)")
+    prp.add_argument("--out", default="reproduce", help="folder for the tables, plots and JSON")
+    prp.add_argument("--budget-s", type=float, help="GPU: stop adding work after this many seconds (default 540)")
+    prp.add_argument("--no-compile", action="store_true", help="skip the torch.compile lesson")
+    prp.set_defaults(fn=lambda a: __import__("dsv4lab.replay", fromlist=["main"]).main(
+        a.out, a.quick, a.stages, a.budget_s, not a.no_compile))
     prm = sub.add_parser("readme", help="rewrite README.md's measured tables from data/ (--check: only compare)")
     prm.add_argument("--check", action="store_true", help="exit 1 if a table differs from the data")
     prm.set_defaults(fn=_readme)

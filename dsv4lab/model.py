@@ -1,0 +1,827 @@
+"""A synthetic DeepSeek-V4-Flash decode step: one GPU's share of 8-GPU serving, random weights.
+
+No checkpoint is used: every weight is random (scaled so activations stay O(1)) at the real
+shapes, so the step does the real work (bytes moved, FLOPs, kernel launches) and says nothing
+about the model's outputs. Shapes, op order and sharding follow SGLang 0.5.23's DeepSeek-V4 code
+(``srt/models/deepseek_v4.py``, ``deepseek_v4_mhc.py``, ``srt/layers/attention/dsv4/``); where
+that code does not decide, :data:`ASSUMPTIONS` says what the replay chose. It is the one list
+of assumptions (``assumptions_markdown()`` renders it for the notebooks and the README).
+
+One decoder layer, in SGLang's order (``B`` requests, one new token each)::
+
+    residual h [B, 4, 4096] bf16 (mHC: 4 streams)
+    mHC pre      x = h.flatten(1).float(); mixes = x @ hc_fn^T * rsqrt(mean(x^2))   the "pre-linear" GEMM
+                 (pre, post, comb) = sigmoid / 2 sigmoid / Sinkhorn(20) of mixes     one Triton kernel
+                 y = rms_norm(sum_k pre[k] h[:, k])
+    attention    [q_lora | kv] = y @ wqkv_a^T; q = rms_norm(q_lora) @ wq_b^T (this GPU's heads)
+                 q: per-head rms_norm + rope; kv: rms_norm + rope, quantized into the window cache
+                 compressor: kv/gate projection into its state ring (ratio-4 and ratio-128 layers)
+                 ratio 4: indexer q = q_lora @ wq_b_idx^T (+rope), weights = y @ w_proj^T,
+                          top-512 of the compressed cache (dsv4lab.indexer_topk impls)
+                 dsv4lab.flash_mla_sparse_decode(q padded to 64 heads, window cache, extra cache)
+                 o: inverse rope, per-group wo_a, wo_b
+    mHC post     h = post * o + comb^T h
+    mHC pre (ffn weights), then MoE: router GEMM + sqrtsoftplus + top-6, routed experts
+                 (stand-in, see ASSUMPTIONS), shared expert; mHC post
+
+``Model(cfg).step(inputs, stage)`` runs embedding, every layer and the head; it is CUDA-graph
+safe (no host sync, shapes fixed per batch size; the lab's ops run with ``check_ranges=False``
+on inputs built valid by construction) and is captured as one graph per batch size, as SGLang
+captures its decode.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from torch.profiler import record_function
+
+from . import api
+from .cache import HEAD_DIM, IndexKCache, KVCache, pack_index_k, pack_kv, page_bytes
+from .device import torch_device
+from .kernels.common import dot_dtype
+from .merged_decode import flash_mla_sparse_decode
+
+#: the full-token page of SGLang's DSv4 pools ("the system hardcodes page_size=256"); a ratio-r
+#: compressed pool pages at 256 // r rows, so pages line up (ratio 4: 64 rows, ratio 128: 2)
+FULL_PAGE = 256
+#: SGLang's req_to_token rows hold context_len + 4 slots (no speculative decoding)
+CONTEXT_HEADROOM = 4
+#: SGLang pads the c128 index table (and the window's) to a multiple of this
+INDEX_ALIGN = 64
+FP8_MAX = 448.0
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One GPU's share of DeepSeek-V4-Flash decode under SGLang's 8-GPU serving (see ASSUMPTIONS).
+
+    Global sizes are the model's; ``tp``/``ep`` say how a GPU's share is cut from them."""
+    name: str = "DeepSeek-V4-Flash, one GPU of 8 (attention TP 8, MoE EP 8)"
+    hidden: int = 4096
+    vocab: int = 129_280
+    tp: int = 8                      # attention tensor parallel: heads, o groups, vocab
+    ep: int = 8                      # expert parallel: experts per GPU = experts / ep
+    heads: int = 64
+    kernel_heads: int = 64           # SGLang pads each GPU's heads to 64 for the decode kernels
+    head_dim: int = HEAD_DIM
+    rope_dim: int = 64
+    q_lora_rank: int = 1024
+    o_lora_rank: int = 1024
+    o_groups: int = 8
+    index_heads: int = 64
+    index_dim: int = 128
+    index_topk: int = 512
+    window: int = 128                # sliding window (tokens)
+    layers_window: int = 2           # compress ratio 0: window only
+    layers_c4: int = 21              # ratio 4: compressed cache + the indexer's top-512
+    layers_c128: int = 20            # ratio 128: every compressed token
+    hc_mult: int = 4
+    sinkhorn_iters: int = 20
+    hc_eps: float = 1e-6
+    rms_eps: float = 1e-6
+    experts: int = 256
+    active_experts: int = 6
+    moe_intermediate: int = 2048
+    routed_scale: float = 1.5
+    moe_weight_bits: float = 4.25    # MXFP4: 4-bit values + one UE8M0 byte per 32; 16 = bf16
+    rope_theta: float = 10_000.0     # window-only layers
+    compress_rope_theta: float = 40_000.0   # compressed layers
+    ring_c4: int = 8                 # compressor state ring (SGLang: 8 for ratio 4, 128 for ratio 128)
+    ring_c128: int = 128
+    live_context: int = 8192         # tokens each request holds
+    max_context: int = 1_048_576     # the served maximum (sizes the indexer's fallback and the c128 table)
+    max_batch: int = 64              # caches are built for this many requests
+    share_weights: bool = True       # one weight set per layer kind (caches are always per layer)
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("tp", "ep", "heads", "kernel_heads", "hidden", "q_lora_rank", "o_lora_rank", "o_groups",
+                     "index_heads", "window", "experts", "active_experts", "moe_intermediate", "live_context",
+                     "max_context", "max_batch", "hc_mult", "sinkhorn_iters"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"ModelConfig.{name} must be a positive int, got {v!r}")
+        for name in ("layers_window", "layers_c4", "layers_c128"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 0:
+                raise ValueError(f"ModelConfig.{name} must be an int >= 0, got {v!r}")
+        if self.num_layers < 1:
+            raise ValueError("ModelConfig needs at least one layer (layers_window + layers_c4 + layers_c128 >= 1)")
+        if self.heads % self.tp or self.o_groups % self.tp or self.vocab % self.tp:
+            raise ValueError(f"heads ({self.heads}), o_groups ({self.o_groups}) and vocab ({self.vocab}) must "
+                             f"divide by tp ({self.tp})")
+        if self.local_heads > self.kernel_heads:
+            raise ValueError(f"kernel_heads ({self.kernel_heads}) must be >= heads / tp ({self.local_heads})")
+        if self.experts % self.ep or self.active_experts > self.experts:
+            raise ValueError(f"experts ({self.experts}) must divide by ep ({self.ep}) and hold active_experts")
+        if self.head_dim != HEAD_DIM or self.index_dim != 128:
+            raise ValueError("head_dim 512 and index_dim 128 are the cache layouts' contract")
+        if self.hc_mult & (self.hc_mult - 1):
+            raise ValueError(f"hc_mult must be a power of two (the Sinkhorn kernel's tile), got {self.hc_mult}")
+        if self.window > FULL_PAGE:
+            raise ValueError(f"window ({self.window}) must fit one window page of {FULL_PAGE}")
+        if self.live_context > self.max_context:
+            raise ValueError(f"live_context ({self.live_context}) must be <= max_context ({self.max_context})")
+        if self.live_context % FULL_PAGE:
+            raise ValueError(f"live_context must be a multiple of {FULL_PAGE} (whole pages), got {self.live_context}")
+        if self.live_context // 4 < 1 or self.live_context // 128 < 1:
+            raise ValueError("live_context must hold at least one ratio-128 block (>= 128 tokens)")
+
+    # --- derived sizes --------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return self.layers_window + self.layers_c4 + self.layers_c128
+
+    @property
+    def local_heads(self) -> int:
+        return self.heads // self.tp
+
+    @property
+    def local_groups(self) -> int:
+        return self.o_groups // self.tp
+
+    @property
+    def local_vocab(self) -> int:
+        return self.vocab // self.tp
+
+    @property
+    def local_experts(self) -> int:
+        return self.experts // self.ep
+
+    @property
+    def moe_standin_intermediate(self) -> int:
+        """The stand-in experts' intermediate: bf16 weights with the bytes of ``moe_weight_bits``
+        per weight of the real size (a multiple of 16)."""
+        return max(16, int(round(self.moe_intermediate * self.moe_weight_bits / 16 / 16)) * 16)
+
+    @property
+    def shared_intermediate(self) -> int:
+        """The shared expert is tensor parallel (SGLang's default without an all-to-all backend)."""
+        return self.moe_intermediate // self.tp
+
+    def layer_ratios(self) -> list[int]:
+        """Compress ratio of each layer, in order: the window-only layers first, then ratio 4 and
+        ratio 128 interleaved (ratio 4 first), the remainder of the larger kind at the end."""
+        out = [0] * self.layers_window
+        a, b = self.layers_c4, self.layers_c128
+        for i in range(max(a, b)):
+            if i < a:
+                out.append(4)
+            if i < b:
+                out.append(128)
+        return out
+
+    def index_max_seq_len(self, max_context: int | None = None) -> int:
+        """The indexer's width, as SGLang forms it: ceil((max_context + 4) / 256) pages x 64
+        compressed tokens (1,048,576 -> 262,208; 8192 -> 2112)."""
+        return self.full_pages(max_context) * (FULL_PAGE // 4)
+
+    def full_pages(self, max_context: int | None = None) -> int:
+        m = self.max_context if max_context is None else max_context
+        return -(-(m + CONTEXT_HEADROOM) // FULL_PAGE)
+
+    def c128_width(self, max_context: int | None = None) -> int:
+        """Columns of the ratio-128 index table: 2 per full page, padded to 64 (SGLang's
+        c128_page_indices): 8256 at the 1M maximum; valid entries = live / 128."""
+        n = self.full_pages(max_context) * (FULL_PAGE // 128)
+        return -(-n // INDEX_ALIGN) * INDEX_ALIGN
+
+    @property
+    def live_pages(self) -> int:
+        return self.live_context // FULL_PAGE
+
+    def moe_rows(self, B: int) -> int:
+        """Routed expert evaluations this GPU does per step on average: B x 6 / ep (>= 1)."""
+        return max(1, round(B * self.active_experts / self.ep))
+
+    def moe_local_experts(self, B: int) -> int:
+        """Distinct local experts hit on average: local x (1 - (1 - 6/256)^B), >= 1, <= rows."""
+        p = self.active_experts / self.experts
+        e = round(self.local_experts * (1 - (1 - p) ** B))
+        return max(1, min(self.moe_rows(B), e, self.local_experts))
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.update(num_layers=self.num_layers, local_heads=self.local_heads, local_groups=self.local_groups,
+                 local_vocab=self.local_vocab, local_experts=self.local_experts,
+                 moe_standin_intermediate=self.moe_standin_intermediate,
+                 shared_intermediate=self.shared_intermediate, layer_ratios=self.layer_ratios(),
+                 index_max_seq_len=self.index_max_seq_len(), c128_width=self.c128_width())
+        return d
+
+
+#: The default: DeepSeek-V4-Flash on one of 8 GPUs, SGLang's sharding.
+DSV4_FLASH_TP8 = ModelConfig()
+
+#: CPU / Triton-interpreter preset: the same structure and byte layouts (head_dim 512, pages of
+#: 256/64/2, the indexer's 132-byte rows), one layer of each kind and small counts.
+CPU_MODEL = replace(DSV4_FLASH_TP8, name="DeepSeek-V4-Flash (CPU preset: one layer per kind, small counts)",
+                    hidden=256, vocab=1024, heads=16, kernel_heads=8, q_lora_rank=64, o_lora_rank=64,
+                    index_heads=4, index_topk=32, window=16, layers_window=1, layers_c4=1, layers_c128=1,
+                    experts=16, active_experts=2, ep=2, moe_intermediate=64, ring_c128=8,
+                    live_context=512, max_context=2048, max_batch=2)
+
+
+def model_config(mode: str | None = None) -> ModelConfig:
+    """The config a run should use in this process's mode (the real share on a GPU)."""
+    if mode is None:
+        from .device import mode as _mode
+        mode = _mode()
+    return DSV4_FLASH_TP8 if mode == "cuda" else CPU_MODEL
+
+
+#: Every assumption of the replay, in one place: (topic, what the replay does, why / source).
+ASSUMPTIONS = [
+    ("weights", "random, at the real shapes (bf16; the mHC mixing weights fp32 as in SGLang); one set per "
+     "layer kind when share_weights", "no checkpoint is reachable. Sharing changes no HBM read: one layer's "
+     "weights (~0.3-0.5 GB with its experts) far exceed the 50 MB L2, so nothing survives to the next layer"),
+    ("caches", "every layer owns its window cache, compressed cache and indexer cache, filled with random "
+     "tokens at setup (fp8 layout byte for byte)", "no layer reads bytes another layer left in L2"),
+    ("layer mix", "2 window-only + 21 ratio-4 + 20 ratio-128 = 43 layers (ModelConfig.layers_*), ratio-4 and "
+     "ratio-128 interleaved after the window-only ones", "the per-layer compress_ratios of the checkpoint are "
+     "not published in any source read here; the counts are a parameter"),
+    ("attention sharding", "tensor parallel 8: this GPU holds 8 of 64 heads (wq_b, wo_a, wo_b sharded; "
+     "wqkv_a, the indexer and the compressors replicated); the decode kernels get q padded to 64 heads "
+     "(zeros in the padded heads) and the sink padded with zeros", "SGLang's MqaAttentionBase: "
+     "_kernel_num_heads returns 64 for n_local_heads <= 64 outside FlashInfer; ColumnParallel wq_b/wo_a, "
+     "RowParallel wo_b, ReplicatedLinear wqkv_a/indexer/compressor"),
+    ("MoE sharding", "expert parallel 8: 32 local experts; per step this GPU evaluates B*6/8 (rounded, >= 1) "
+     "routed rows over the expected number of distinct local experts 32*(1-(1-6/256)^B); the shared expert "
+     "tensor parallel (intermediate 2048/8)", "SGLang EP MoE; shared expert parallel_group='tp' without an "
+     "all-to-all backend. Under TP-MoE a GPU reads the same expected bytes (8x the experts at 1/8 each)"),
+    ("MoE stand-in", "real: the router GEMM (bf16 -> fp32 logits), sqrtsoftplus scores, the +bias top-6 and "
+     "its renormalized weights x 1.5. Stand-in: which experts run is a fixed balanced assignment (rows "
+     "spread evenly over the expected number of local experts; the router's weights scale them), and the "
+     "expert GEMMs are a Triton grouped GEMM on bf16 weights whose intermediate is cut to match FP4 bytes "
+     "(2048 x 4.25/16 -> 544: same bytes read, ~1/4 of the FLOPs)", "graph capture needs fixed shapes; "
+     "SGLang's FP4 MoE kernels are not available here; decode MoE is bound by weight bytes"),
+    ("dense projections", "bf16 GEMMs (torch)", "the checkpoint stores them block-FP8: these read ~2x its bytes"),
+    ("collectives", "not modeled: no all-reduce after wo_b / MoE, no all-gather of logits", "one GPU"),
+    ("streams", "one CUDA stream", "SGLang overlaps the indexer on side streams during capture"),
+    ("mHC", "pre: fp32 GEMM [B,16384]x[16384,24] (S0-S2; bf16 from S3), the split + Sinkhorn (20 iterations) "
+     "in one Triton kernel, the stream combine and post in torch", "SGLang's hc_pre torch path "
+     "(hc_pre_torch_impl) the story profiled as FP32 SIMT GEMM; hc_split_sinkhorn is one kernel in SGLang"),
+    ("fusions", "SGLang's fused q-norm+rope, kv norm+rope+fp8 store, indexer q rope+hadamard+quant are "
+     "written as several torch ops (no hadamard; indexer q stays bf16)", "their work is small at decode; "
+     "they add glue kernels the fused versions do not have"),
+    ("compressors", "per step: the kv/gate projection and the write into the state ring; the pooling into "
+     "the compressed cache (1 step in 4 or 128, a fused kernel that exits early on the others) is not run",
+     "the compressed caches are filled at setup"),
+    ("rope", "interleaved pairs on the last 64 dims, base 10000 (window-only) / 40000 (compressed), no YaRN "
+     "factor", "only the cost matters here"),
+    ("routing", "every layer uses the learned router", "the checkpoint's first hash-routed layers skip one "
+     "small GEMM"),
+    ("contexts", "every request at the same position: live_context tokens (default 8192), so window 128, "
+     "ratio-4 cache live/4 = 2048 tokens, ratio-128 live/128 = 64", "the story's serving point"),
+    ("max context", "1,048,576 tokens: indexer width ceil((1048576+4)/256)*64 = 262,208 (the story's tensor), "
+     "ratio-128 index table 8256 wide with 64 valid; the 'cap' stages use 8192 (width 2112, table 128)",
+     "SGLang: max_compressed_seq_len = page_table columns x 64, req_to_token = context + 4; "
+     "c128_page_indices padded to 64"),
+    ("page sizes", "window cache pages of 256 (a request's last 128 tokens in its page), ratio-4 cache and "
+     "indexer pages of 64, ratio-128 cache pages of 2, one page table for all three", "SGLang's pools: "
+     "slot = full-pool loc // ratio, page = 256 // ratio"),
+    ("head", "vocab-parallel embedding and lm_head (129280/8 rows), the mHC head (fp32 GEMM) and the final "
+     "norm are in the step; sampling is not", "SGLang samples after the graph"),
+]
+
+
+def assumptions_markdown() -> str:
+    rows = ["| topic | the replay | why / source |", "|---|---|---|"]
+    rows += [f"| {t} | {r} | {s} |" for t, r, s in ASSUMPTIONS]
+    return "\n".join(rows)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """What one campaign stage switches in the step (the rest of the step is the same)."""
+    name: str
+    title: str
+    decode_impl: str                  # dsv4lab.impls("sparse_decode")
+    indexer_impl: str                 # dsv4lab.impls("indexer_topk")
+    mhc_gemm: str = "float32"         # dtype of the mHC pre-linear (and head) GEMM: "float32" or "bfloat16"
+    max_context: int | None = None    # None: the config's; an int caps the served context (the story's variant)
+    compile_glue: str | None = None   # a torch.compile mode for the glue functions (the torch.compile lesson)
+
+    def __post_init__(self):
+        if self.mhc_gemm not in ("float32", "bfloat16"):
+            raise ValueError(f"Stage.mhc_gemm must be 'float32' or 'bfloat16', got {self.mhc_gemm!r}")
+        if self.decode_impl not in api.impls("sparse_decode"):
+            raise ValueError(f"Stage.decode_impl must be one of {api.impls('sparse_decode')}, got {self.decode_impl!r}")
+        if self.indexer_impl not in api.impls("indexer_topk"):
+            raise ValueError(f"Stage.indexer_impl must be one of {api.impls('indexer_topk')}, "
+                             f"got {self.indexer_impl!r}")
+
+    @property
+    def mhc_dtype(self) -> torch.dtype:
+        return getattr(torch, self.mhc_gemm)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton kernels of the step (the lab's decode and indexer kernels come from dsv4lab.kernels)
+# ---------------------------------------------------------------------------------------------
+
+@triton.jit
+def _mhc_sinkhorn_kernel(MIX, SCALE, BASE, PRE, POST, COMB, HC: tl.constexpr, ITERS: tl.constexpr,
+                         EPS: tl.constexpr):
+    """One token row: mixes [(2 + HC) * HC] = [pre | post | comb] -> pre = sigmoid(.) + eps,
+    post = 2 sigmoid(.), comb = row softmax + eps, then alternate column / row normalizations
+    (ITERS column steps in all) so the stream-mixing matrix is doubly stochastic."""
+    row = tl.program_id(0)
+    MIX_HC: tl.constexpr = (2 + HC) * HC
+    j = tl.arange(0, HC)
+    base = MIX + row * MIX_HC
+    s0 = tl.load(SCALE)
+    s1 = tl.load(SCALE + 1)
+    s2 = tl.load(SCALE + 2)
+    pre = tl.sigmoid(tl.load(base + j) * s0 + tl.load(BASE + j)) + EPS
+    post = 2.0 * tl.sigmoid(tl.load(base + HC + j) * s1 + tl.load(BASE + HC + j))
+    off = 2 * HC + j[:, None] * HC + j[None, :]
+    c = tl.load(base + off) * s2 + tl.load(BASE + off)
+    c = tl.exp(c - tl.max(c, axis=1)[:, None])
+    c = c / tl.sum(c, axis=1)[:, None] + EPS
+    c = c / (tl.sum(c, axis=0)[None, :] + EPS)
+    for _ in tl.static_range(ITERS - 1):
+        c = c / (tl.sum(c, axis=1)[:, None] + EPS)
+        c = c / (tl.sum(c, axis=0)[None, :] + EPS)
+    tl.store(PRE + row * HC + j, pre)
+    tl.store(POST + row * HC + j, post)
+    tl.store(COMB + row * HC * HC + j[:, None] * HC + j[None, :], c)
+
+
+def mhc_sinkhorn(mixes, hc_scale, hc_base, hc_mult: int, iters: int, eps: float):
+    """mixes float32 [B, (2+n)n] -> (pre [B, n], post [B, n], comb [B, n, n]) float32."""
+    B = mixes.shape[0]
+    n = hc_mult
+    pre = torch.empty(B, n, dtype=torch.float32, device=mixes.device)
+    post = torch.empty_like(pre)
+    comb = torch.empty(B, n, n, dtype=torch.float32, device=mixes.device)
+    _mhc_sinkhorn_kernel[(B,)](mixes.contiguous(), hc_scale, hc_base, pre, post, comb, HC=n, ITERS=iters,
+                               EPS=eps, num_warps=1)
+    return pre, post, comb
+
+
+@triton.jit
+def _moe_grouped_gemm_kernel(X, W, Y, M, N, K, stride_xe, stride_xm, stride_we, stride_wk, stride_ye, stride_ym,
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                             DOT: tl.constexpr):
+    """Y[e] = X[e] @ W[e] for each expert e: X [E, M, K] (M <= BLOCK_M rows per expert),
+    W [E, K, N] (N contiguous), Y [E, M, N] float32. Grid (E, cdiv(N, BLOCK_N))."""
+    e = tl.program_id(0).to(tl.int64)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        a = tl.load(X + e * stride_xe + rm[:, None] * stride_xm + kk[None, :],
+                    mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+        b = tl.load(W + e * stride_we + kk[:, None] * stride_wk + rn[None, :],
+                    mask=(kk[:, None] < K) & (rn[None, :] < N), other=0.0)
+        acc = tl.dot(a.to(DOT), b.to(DOT), acc)
+    tl.store(Y + e * stride_ye + rm[:, None] * stride_ym + rn[None, :], acc,
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+MOE_BLOCK_M, MOE_BLOCK_N, MOE_BLOCK_K = 16, 64, 64
+
+
+def moe_grouped_gemm(x, w):
+    """x [E, M, K] bf16, w [E', K, N] bf16 (the first E experts are used) -> float32 [E, M, N]."""
+    E, M, K = x.shape
+    N = w.shape[2]
+    if M > MOE_BLOCK_M:
+        raise ValueError(f"the stand-in grouped GEMM takes at most {MOE_BLOCK_M} rows per expert, got {M}")
+    y = torch.empty(E, M, N, dtype=torch.float32, device=x.device)
+    _moe_grouped_gemm_kernel[(E, triton.cdiv(N, MOE_BLOCK_N))](
+        x, w, y, M, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
+        BLOCK_M=MOE_BLOCK_M, BLOCK_N=MOE_BLOCK_N, BLOCK_K=MOE_BLOCK_K, DOT=dot_dtype(), num_warps=4, num_stages=3)
+    return y
+
+
+# ---------------------------------------------------------------------------------------------
+# Glue: plain torch functions (torch.compile targets in the compile lesson)
+# ---------------------------------------------------------------------------------------------
+
+def rms_norm(x, weight, eps: float):
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def rope(x, cos, sin, inverse: bool = False):
+    """Rotate the last 2 * cos.shape[-1] dims of x [B, ..., D] in interleaved pairs (DeepSeek's
+    rope, is_neox_style=False); cos/sin [B, R/2] float32. Returns a new tensor in x's dtype."""
+    r = 2 * cos.shape[-1]
+    shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (cos.shape[-1],)
+    c, s = cos.view(shape), sin.view(shape)
+    if inverse:
+        s = -s
+    xr = x[..., -r:].float().unflatten(-1, (-1, 2))
+    x0, x1 = xr[..., 0], xr[..., 1]
+    rot = torch.stack([x0 * c - x1 * s, x0 * s + x1 * c], dim=-1).flatten(-2)
+    return torch.cat([x[..., :-r], rot.to(x.dtype)], dim=-1)
+
+
+def mhc_flat(h, eps: float):
+    """h [B, n, D] -> (x float32 [B, nD], rsqrt(mean(x^2) + eps) [B, 1]): the pre-linear's input."""
+    x = h.flatten(1).float()
+    return x, torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
+
+
+def mhc_combine(x_flat, pre, n: int, dtype):
+    """sum_k pre[:, k] * stream k: [B, nD] float32 -> [B, D] in ``dtype``."""
+    return (pre.unsqueeze(-1) * x_flat.unflatten(-1, (n, -1))).sum(1).to(dtype)
+
+
+def mhc_post(o, h, post, comb):
+    """New residual streams: h'[i] = post[i] * o + sum_j comb[j, i] * h[j]."""
+    return (post.unsqueeze(-1) * o.float().unsqueeze(1)
+            + (comb.unsqueeze(-1) * h.float().unsqueeze(2)).sum(1)).to(h.dtype)
+
+
+def kv_cache_bytes(kv):
+    """kv [B, 512] -> (data bytes uint8 [B, 576], UE8M0 scale bytes uint8 [B, 7]) in SGLang's
+    layout: 448 fp8 e4m3 nope values (one power-of-two scale per 64) + 64 bf16 rope values.
+    The graph-safe twin of cache.quantize_nope (no finiteness check: that needs a host sync)."""
+    B = kv.shape[0]
+    nope = kv[:, :448].float().unflatten(-1, (7, 64))
+    e = torch.ceil(torch.log2(nope.abs().amax(-1).clamp_min(1e-8) / FP8_MAX))
+    q = (nope / torch.exp2(e).unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    rope_bytes = kv[:, 448:].to(torch.bfloat16).contiguous().view(torch.uint8)
+    data = torch.cat([q.view(torch.uint8).reshape(B, 448), rope_bytes], dim=1)
+    return data, (e + 127).to(torch.uint8)
+
+
+def route(logits, bias, k: int, scale: float):
+    """DSv4's router on fp32 logits [B, E]: scores sqrt(softplus(.)), top-k of scores + bias,
+    weights = the chosen scores renormalized x scale -> (ids int64 [B, k], weights float32 [B, k])."""
+    scores = torch.sqrt(F.softplus(logits))
+    ids = torch.topk(scores + bias, k, dim=-1).indices
+    w = scores.gather(1, ids)
+    return ids, w / w.sum(-1, keepdim=True) * scale
+
+
+def silu_mul(x):
+    a, b = x.chunk(2, dim=-1)
+    return F.silu(a) * b
+
+
+#: the glue functions the torch.compile lesson compiles (names of this module's functions)
+GLUE = ("rms_norm", "rope", "mhc_flat", "mhc_combine", "mhc_post", "kv_cache_bytes", "route", "silu_mul")
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights, caches, per-batch inputs
+# ---------------------------------------------------------------------------------------------
+
+def _randn(g, shape, scale, dtype, device):
+    return (torch.randn(shape, generator=g, device=device, dtype=torch.float32) * scale).to(dtype)
+
+
+class LayerWeights:
+    """One decoder layer's weights (this GPU's share) for one compress ratio."""
+
+    def __init__(self, cfg: ModelConfig, ratio: int, g: torch.Generator, device):
+        D, n, bf = cfg.hidden, cfg.hc_mult, torch.bfloat16
+        mix = (2 + n) * n
+
+        def w(out_f, in_f, dtype=bf):
+            return _randn(g, (out_f, in_f), in_f ** -0.5, dtype, device)
+
+        self.ratio = ratio
+        for part in ("attn", "ffn"):
+            setattr(self, f"hc_{part}_fn", _randn(g, (mix, n * D), (n * D) ** -0.5, torch.float32, device))
+            setattr(self, f"hc_{part}_base", _randn(g, (mix,), 0.5, torch.float32, device))
+            setattr(self, f"hc_{part}_scale", torch.ones(3, device=device))
+        self.attn_norm = torch.ones(D, dtype=bf, device=device)
+        self.ffn_norm = torch.ones(D, dtype=bf, device=device)
+        self.wqkv_a = w(cfg.q_lora_rank + cfg.head_dim, D)
+        self.q_norm = torch.ones(cfg.q_lora_rank, dtype=bf, device=device)
+        self.kv_norm = torch.ones(cfg.head_dim, dtype=bf, device=device)
+        self.wq_b = w(cfg.local_heads * cfg.head_dim, cfg.q_lora_rank)
+        group_in = cfg.local_heads * cfg.head_dim // cfg.local_groups
+        self.wo_a = _randn(g, (cfg.local_groups, cfg.o_lora_rank, group_in), group_in ** -0.5, bf, device)
+        self.wo_b = w(D, cfg.local_groups * cfg.o_lora_rank)
+        sink = torch.zeros(cfg.kernel_heads, dtype=torch.float32, device=device)   # padded heads: sink 0
+        sink[:cfg.local_heads] = _randn(g, (cfg.local_heads,), 1.0, torch.float32, device)
+        self.attn_sink = sink
+        if ratio:
+            coff = 2 if ratio == 4 else 1                       # ratio 4 compresses overlapping windows
+            self.compressor = w(2 * coff * cfg.head_dim, D)
+        if ratio == 4:
+            self.idx_wq_b = w(cfg.index_heads * cfg.index_dim, cfg.q_lora_rank)
+            self.idx_proj = w(cfg.index_heads, D)
+            self.idx_compressor = w(2 * 2 * cfg.index_dim, D)
+        self.gate = w(cfg.experts, D)
+        self.gate_bias = _randn(g, (cfg.experts,), 0.01, torch.float32, device)
+        I = cfg.moe_standin_intermediate
+        self.w13 = _randn(g, (cfg.local_experts, D, 2 * I), D ** -0.5, bf, device)
+        self.w2 = _randn(g, (cfg.local_experts, I, D), I ** -0.5, bf, device)
+        self.shared_w13 = w(2 * cfg.shared_intermediate, D)
+        self.shared_w2 = w(D, cfg.shared_intermediate)
+
+    def hc_fn(self, part: str, dtype: torch.dtype):
+        """The mixing weights in the GEMM's dtype (the bf16 copy made once, not per step)."""
+        key = f"_hc_{part}_fn_{dtype}"
+        if not hasattr(self, key):
+            setattr(self, key, getattr(self, f"hc_{part}_fn").to(dtype))
+        return getattr(self, key)
+
+
+@dataclass
+class LayerCaches:
+    """One layer's caches, built for cfg.max_batch requests."""
+    ratio: int
+    window: KVCache                    # pages of 256: request b's ring of recent tokens on page b
+    compressed: KVCache | None = None  # ratio 4: pages of 64; ratio 128: pages of 2
+    index: IndexKCache | None = None   # ratio 4: the indexer's keys, pages of 64
+    state: torch.Tensor | None = None  # compressor state ring [max_batch, ring, width] float32
+    index_state: torch.Tensor | None = None
+
+
+@dataclass
+class StepInputs:
+    """Everything one decode step reads besides weights and caches, for one batch size and one
+    stage's max context: SGLang's per-step metadata (built outside the graph, on the host)."""
+    B: int
+    max_context: int
+    tokens: torch.Tensor               # [B] int64, this GPU's vocab shard
+    cos: dict                          # rope base -> [B, rope/2] float32
+    sin: dict
+    window_idx: torch.Tensor           # [B, window] int32 token ids in the window cache
+    window_len: torch.Tensor           # [B] int32
+    window_data_off: torch.Tensor      # [B, 576] int64 byte offsets of the new token's data
+    window_scale_off: torch.Tensor     # [B, 7] int64 byte offsets of its scale bytes
+    page_table: torch.Tensor           # [B, ceil(index_max_seq_len / 64)] int32, -1 past the live pages
+    index_max_seq_len: int
+    c4_len: torch.Tensor               # [B] int32 live compressed tokens (the indexer's seq_lens)
+    c4_topk_len: torch.Tensor          # [B] int32 min(c4_len, topk)
+    c128_idx: torch.Tensor             # [B, c128_width] int32 (-1 past the live ones)
+    c128_len: torch.Tensor             # [B] int32
+    ring_pos: dict                     # ring size -> [B] int64 slot of this token
+    q_pad: torch.Tensor                # [B, kernel_heads, 512] bf16, zeros past the local heads
+    moe_tok: torch.Tensor              # [E, m] int64 token of each (expert, row) of the stand-in
+    moe_col: torch.Tensor              # [E, m] int64 which of the token's top-k weights scales it
+    moe_valid: torch.Tensor            # [E, m] float32 1 for real rows, 0 for padding
+
+
+class Model:
+    """The synthetic decode step. ``Model(cfg).step(model.inputs(B), stage)`` -> logits."""
+
+    def __init__(self, cfg: ModelConfig | None = None, *, device=None):
+        self.cfg = cfg = cfg or model_config()
+        self.device = device = torch.device(device) if device is not None else torch_device()
+        g = torch.Generator(device=device)
+        g.manual_seed(cfg.seed)
+        ratios = cfg.layer_ratios()
+        self.ratios = ratios
+        shared = {}
+        self.weights = []
+        for r in ratios:
+            if cfg.share_weights:
+                if r not in shared:
+                    shared[r] = LayerWeights(cfg, r, g, device)
+                self.weights.append(shared[r])
+            else:
+                self.weights.append(LayerWeights(cfg, r, g, device))
+        bf = torch.bfloat16
+        self.embed = _randn(g, (cfg.local_vocab, cfg.hidden), 1.0, bf, device)
+        self.lm_head = _randn(g, (cfg.local_vocab, cfg.hidden), cfg.hidden ** -0.5, bf, device)
+        self.head_norm = torch.ones(cfg.hidden, dtype=bf, device=device)
+        n = cfg.hc_mult
+        head_fn = _randn(g, (n, n * cfg.hidden), (n * cfg.hidden) ** -0.5, torch.float32, device)
+        self.hc_head_fn = {"float32": head_fn, "bfloat16": head_fn.to(torch.bfloat16)}
+        self.hc_head_base = _randn(g, (n,), 0.5, torch.float32, device)
+        self.hc_head_scale = torch.ones(1, device=device)
+        # one page table for every cache (SGLang's pools line up by page): request b's live full
+        # pages are distinct physical pages in random order
+        perm = torch.randperm(cfg.max_batch * cfg.live_pages, generator=torch.Generator().manual_seed(cfg.seed))
+        self.pages = perm.view(cfg.max_batch, cfg.live_pages).to(torch.int32).to(device)
+        self.caches = [self._caches(r, g) for r in ratios]
+        self._glue = {name: globals()[name] for name in GLUE}
+        self._checked = False
+
+    def _caches(self, ratio, g) -> LayerCaches:
+        cfg, dev = self.cfg, self.device
+        n_pages = cfg.max_batch * cfg.live_pages
+        window = pack_kv(torch.randn(cfg.max_batch * FULL_PAGE, HEAD_DIM, generator=g, device=dev), FULL_PAGE)
+        c = LayerCaches(ratio, window)
+        if ratio:
+            rows = FULL_PAGE // ratio
+            c.compressed = pack_kv(torch.randn(n_pages * rows, HEAD_DIM, generator=g, device=dev), rows)
+            ring = cfg.ring_c4 if ratio == 4 else cfg.ring_c128
+            width = 2 * (2 if ratio == 4 else 1) * cfg.head_dim      # the compressor's kv + gate outputs
+            c.state = torch.zeros(cfg.max_batch, ring, width, device=dev)
+        if ratio == 4:
+            c.index = pack_index_k(torch.randn(n_pages * (FULL_PAGE // 4), cfg.index_dim, generator=g, device=dev))
+            c.index_state = torch.zeros(cfg.max_batch, cfg.ring_c4, 4 * cfg.index_dim, device=dev)
+        return c
+
+    # --- per-batch inputs ---------------------------------------------------------------------
+    def inputs(self, B: int, max_context: int | None = None) -> StepInputs:
+        """Inputs for B requests (the first B of the caches), each at position live_context - 1,
+        for a served maximum of ``max_context`` (default the config's)."""
+        cfg, dev = self.cfg, self.device
+        if not isinstance(B, int) or not 1 <= B <= cfg.max_batch:
+            raise ValueError(f"B must be an int in [1, max_batch={cfg.max_batch}], got {B!r}")
+        mc = cfg.max_context if max_context is None else max_context
+        if not isinstance(mc, int) or mc < cfg.live_context:
+            raise ValueError(f"max_context must be an int >= live_context ({cfg.live_context}), got {max_context!r}")
+        i32 = dict(dtype=torch.int32, device=dev)
+        pos = cfg.live_context - 1
+        b = torch.arange(B, device=dev)
+        # window: the last `window` positions of request b live in its page b, slot pos % 256
+        wpos = torch.arange(pos - cfg.window + 1, pos + 1, device=dev)
+        window_idx = (b[:, None] * FULL_PAGE + wpos[None, :] % FULL_PAGE).to(torch.int32)
+        wpb = page_bytes(FULL_PAGE)
+        slot = pos % FULL_PAGE
+        data_off = (b * wpb + slot * 576)[:, None] + torch.arange(576, device=dev)[None, :]
+        scale_off = (b * wpb + FULL_PAGE * 576 + slot * 8)[:, None] + torch.arange(7, device=dev)[None, :]
+        # compressed caches: logical compressed token t of request b at pages[b, t // rows] * rows + t % rows
+        n_idx_pages = cfg.full_pages(mc)
+        pt = torch.full((B, n_idx_pages), -1, **i32)
+        pt[:, :cfg.live_pages] = self.pages[:B]
+        n128 = cfg.live_context // 128
+        t = torch.arange(n128, device=dev)
+        c128_idx = torch.full((B, cfg.c128_width(mc)), -1, **i32)
+        c128_idx[:, :n128] = (self.pages[:B].long().gather(1, (t // 2).expand(B, -1)) * 2 + t % 2).to(torch.int32)
+        c4 = cfg.live_context // 4
+        # rope tables for this step's positions (one per base), as SGLang computes them once per step
+        cos, sin = {}, {}
+        half = cfg.rope_dim // 2
+        for base in {cfg.rope_theta, cfg.compress_rope_theta}:
+            inv = base ** (-torch.arange(half, device=dev, dtype=torch.float32) * 2 / cfg.rope_dim)
+            ang = torch.full((B, 1), float(pos), device=dev) * inv[None, :]
+            cos[base], sin[base] = ang.cos(), ang.sin()
+        # the MoE stand-in: rows spread evenly over the expected local experts
+        R, E = cfg.moe_rows(B), cfg.moe_local_experts(B)
+        m = -(-R // E)
+        j = torch.arange(E * m, device=dev).view(m, E).t()          # row r of expert e is assignment r*E + e
+        return StepInputs(
+            B=B, max_context=mc,
+            tokens=torch.randint(0, cfg.local_vocab, (B,), generator=torch.Generator().manual_seed(B)).to(dev),
+            cos=cos, sin=sin, window_idx=window_idx, window_len=torch.full((B,), cfg.window, **i32),
+            window_data_off=data_off, window_scale_off=scale_off,
+            page_table=pt, index_max_seq_len=cfg.index_max_seq_len(mc),
+            c4_len=torch.full((B,), c4, **i32), c4_topk_len=torch.full((B,), min(c4, cfg.index_topk), **i32),
+            c128_idx=c128_idx, c128_len=torch.full((B,), n128, **i32),
+            ring_pos={r: torch.full((B,), pos % r, dtype=torch.int64, device=dev) for r in (cfg.ring_c4, cfg.ring_c128)},
+            q_pad=torch.zeros(B, cfg.kernel_heads, HEAD_DIM, dtype=torch.bfloat16, device=dev),
+            moe_tok=(j % B).long(), moe_col=(j % cfg.active_experts).long(), moe_valid=(j < R).float())
+
+    def check(self, inp: StepInputs):
+        """The argument checks the step skips (they read the GPU): once per batch, outside capture."""
+        for lw, c in zip(self.weights, self.caches):
+            if c.index is not None:
+                q = torch.zeros(inp.B, self.cfg.index_heads, self.cfg.index_dim, dtype=torch.bfloat16,
+                                device=self.device)
+                w = torch.zeros(inp.B, self.cfg.index_heads, device=self.device)
+                api.check_indexer_args(q, c.index, w, inp.c4_len, inp.page_table, inp.index_max_seq_len)
+                break
+        for c in self.caches:
+            api.check_sparse_decode_args(inp.q_pad, c.window, inp.window_idx, inp.window_len, None, None)
+            if c.ratio == 128:
+                api.check_sparse_decode_args(inp.q_pad, c.compressed, inp.c128_idx, inp.c128_len, None, None)
+
+    # --- the step ----------------------------------------------------------------------------
+    def use_glue(self, fns: dict | None = None):
+        """Replace glue functions by name (the compile lesson); None restores the plain ones."""
+        self._glue = {name: globals()[name] for name in GLUE}
+        if fns:
+            unknown = set(fns) - set(GLUE)
+            if unknown:
+                raise ValueError(f"glue functions must be among {GLUE}, got {sorted(unknown)}")
+            self._glue.update(fns)
+
+    def step(self, inp: StepInputs, stage: Stage) -> torch.Tensor:
+        """One decode step for inp.B requests -> logits float32 [B, local_vocab]."""
+        cfg, G = self.cfg, self._glue
+        served = cfg.max_context if stage.max_context is None else stage.max_context
+        if served != inp.max_context:
+            raise ValueError(f"inputs were built for max_context {inp.max_context}, stage {stage.name} serves "
+                             f"{served}: use model.inputs(B, stage.max_context)")
+        with record_function("dsv4::embed"):
+            x = self.embed[inp.tokens]
+            h = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()
+        for lw, c in zip(self.weights, self.caches):
+            h = self.layer(h, lw, c, inp, stage)
+        with record_function("dsv4::head"):
+            xf, mixes = self.mhc_pre_linear(h, self.hc_head_fn[stage.mhc_gemm], stage)
+            pre = torch.sigmoid(mixes * self.hc_head_scale + self.hc_head_base) + cfg.hc_eps
+            y = G["mhc_combine"](xf, pre, cfg.hc_mult, torch.bfloat16)
+            y = G["rms_norm"](y, self.head_norm, cfg.rms_eps)
+            return F.linear(y, self.lm_head).float()
+
+    def mhc_pre_linear(self, h, hc_fn, stage: Stage):
+        """h [B, n, D] -> (x float32 [B, nD], mixes float32 [B, (2+n)n]): the GEMM the story ran in fp32."""
+        x, rsqrt = self._glue["mhc_flat"](h, self.cfg.rms_eps)
+        with record_function(f"dsv4::mhc_linear[{stage.mhc_gemm}]"):
+            mixes = F.linear(x.to(stage.mhc_dtype), hc_fn).float()
+        return x, mixes * rsqrt
+
+    def layer(self, h, lw: LayerWeights, c: LayerCaches, inp: StepInputs, stage: Stage):
+        cfg, G = self.cfg, self._glue
+        with record_function("dsv4::mhc"):
+            x, mixes = self.mhc_pre_linear(h, lw.hc_fn("attn", stage.mhc_dtype), stage)
+            with record_function("dsv4::sinkhorn"):
+                pre, post, comb = mhc_sinkhorn(mixes, lw.hc_attn_scale, lw.hc_attn_base, cfg.hc_mult,
+                                               cfg.sinkhorn_iters, cfg.hc_eps)
+            y = G["rms_norm"](G["mhc_combine"](x, pre, cfg.hc_mult, h.dtype), lw.attn_norm, cfg.rms_eps)
+        o = self.attention(y, lw, c, inp, stage)
+        with record_function("dsv4::mhc"):
+            h = G["mhc_post"](o, h, post, comb)
+            x, mixes = self.mhc_pre_linear(h, lw.hc_fn("ffn", stage.mhc_dtype), stage)
+            with record_function("dsv4::sinkhorn"):
+                pre, post, comb = mhc_sinkhorn(mixes, lw.hc_ffn_scale, lw.hc_ffn_base, cfg.hc_mult,
+                                               cfg.sinkhorn_iters, cfg.hc_eps)
+            y = G["rms_norm"](G["mhc_combine"](x, pre, cfg.hc_mult, h.dtype), lw.ffn_norm, cfg.rms_eps)
+        o = self.moe(y, lw, inp)
+        with record_function("dsv4::mhc"):
+            return G["mhc_post"](o, h, post, comb)
+
+    def attention(self, y, lw: LayerWeights, c: LayerCaches, inp: StepInputs, stage: Stage):
+        cfg, G, B = self.cfg, self._glue, inp.B
+        base = cfg.compress_rope_theta if c.ratio else cfg.rope_theta
+        cos, sin = inp.cos[base], inp.sin[base]
+        with record_function("dsv4::attn_proj"):
+            qkv = F.linear(y, lw.wqkv_a)
+            q_lora = G["rms_norm"](qkv[:, :cfg.q_lora_rank], lw.q_norm, cfg.rms_eps)
+            q = F.linear(q_lora, lw.wq_b).view(B, cfg.local_heads, cfg.head_dim)
+            q = G["rope"](G["rms_norm"](q, None, cfg.rms_eps), cos, sin)
+            kv = G["rope"](G["rms_norm"](qkv[:, cfg.q_lora_rank:], lw.kv_norm, cfg.rms_eps), cos, sin)
+            data, scales = G["kv_cache_bytes"](kv)
+            flat = c.window.buffer.view(-1)
+            flat[inp.window_data_off] = data
+            flat[inp.window_scale_off] = scales
+            inp.q_pad[:, :cfg.local_heads].copy_(q)
+        extra = {}
+        if c.ratio:
+            with record_function("dsv4::compressor"):
+                ring = inp.ring_pos[cfg.ring_c4 if c.ratio == 4 else cfg.ring_c128]
+                c.state[torch.arange(B, device=y.device), ring] = F.linear(y, lw.compressor).float()
+        if c.ratio == 4:
+            top = self.indexer(y, q_lora, lw, c, inp, stage, cos, sin)
+            extra = dict(extra_k_cache=c.compressed, extra_indices=top, extra_topk_length=inp.c4_topk_len)
+        elif c.ratio == 128:
+            extra = dict(extra_k_cache=c.compressed, extra_indices=inp.c128_idx, extra_topk_length=inp.c128_len)
+        with record_function(f"dsv4::decode[{stage.decode_impl},c{c.ratio}]"):
+            o, _ = flash_mla_sparse_decode(inp.q_pad, c.window, inp.window_idx, inp.window_len, lw.attn_sink,
+                                           HEAD_DIM, cfg.head_dim ** -0.5, **extra, impl=stage.decode_impl,
+                                           check_ranges=False)
+        with record_function("dsv4::attn_proj"):
+            o = G["rope"](o[:, :cfg.local_heads], cos, sin, inverse=True)
+            o = torch.einsum("bgd,grd->bgr", o.reshape(B, cfg.local_groups, -1), lw.wo_a)
+            return F.linear(o.flatten(1), lw.wo_b)
+
+    def indexer(self, y, q_lora, lw, c: LayerCaches, inp: StepInputs, stage: Stage, cos, sin):
+        """The lightning indexer's top-k over the compressed cache, mapped to cache token ids."""
+        cfg, G, B = self.cfg, self._glue, inp.B
+        with record_function("dsv4::indexer_proj"):
+            qi = F.linear(q_lora, lw.idx_wq_b).view(B, cfg.index_heads, cfg.index_dim)
+            qi = G["rope"](qi, cos, sin)
+            w = F.linear(y, lw.idx_proj).float() * (cfg.index_dim ** -0.5 * cfg.index_heads ** -0.5)
+            ring = inp.ring_pos[cfg.ring_c4]
+            c.index_state[torch.arange(B, device=y.device), ring] = F.linear(y, lw.idx_compressor).float()
+        with record_function(f"dsv4::indexer[{stage.indexer_impl}]"):
+            fn = api.impl_info("indexer_topk", stage.indexer_impl).fn
+            top = fn(qi, c.index, w, inp.c4_len, inp.page_table, max_seq_len=inp.index_max_seq_len,
+                     topk=cfg.index_topk)
+        with record_function("dsv4::indexer_proj"):
+            rows = FULL_PAGE // 4                                     # logical position -> cache token id
+            safe = top.clamp(min=0).long()
+            phys = inp.page_table.long().gather(1, safe // rows) * rows + safe % rows
+            return torch.where(top >= 0, phys, torch.full_like(phys, -1)).to(torch.int32)
+
+    def moe(self, y, lw: LayerWeights, inp: StepInputs):
+        cfg, G = self.cfg, self._glue
+        with record_function("dsv4::moe_router"):
+            logits = F.linear(y, lw.gate).float()
+            _, topw = G["route"](logits, lw.gate_bias, cfg.active_experts, cfg.routed_scale)
+        with record_function("dsv4::moe_experts"):
+            E, m = inp.moe_tok.shape
+            xd = y[inp.moe_tok]                                           # [E, m, D] dispatch
+            hmid = G["silu_mul"](moe_grouped_gemm(xd, lw.w13)).to(y.dtype)
+            yd = moe_grouped_gemm(hmid, lw.w2)                             # [E, m, D] float32
+            yd = yd * (topw[inp.moe_tok, inp.moe_col] * inp.moe_valid).unsqueeze(-1)
+            out = torch.zeros(inp.B, cfg.hidden, dtype=torch.float32, device=y.device)
+            out.index_add_(0, inp.moe_tok.flatten(), yd.flatten(0, 1))
+        with record_function("dsv4::moe_shared"):
+            shared = F.linear(G["silu_mul"](F.linear(y, lw.shared_w13)), lw.shared_w2)
+            return (out + shared.float()).to(y.dtype)
+
+
+def weight_bytes(model: Model) -> dict:
+    """Bytes of weights one step reads per layer kind (experts: the stand-in's, at batch 1 and 64)."""
+    out = {}
+    for lw in {id(w): w for w in model.weights}.values():
+        dense = sum(v.numel() * v.element_size() for k, v in vars(lw).items()
+                    if isinstance(v, torch.Tensor) and k not in ("w13", "w2") and not k.startswith("_"))
+        per_expert = (lw.w13[0].numel() + lw.w2[0].numel()) * lw.w13.element_size()
+        out[f"c{lw.ratio}"] = dict(dense=dense, per_expert=per_expert)
+    return out

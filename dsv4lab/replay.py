@@ -1,0 +1,729 @@
+"""The campaign replayed end to end: a synthetic decode step (dsv4lab.model) through every stage,
+with the kernel-time profile shifting stage by stage and the throughput moving with it.
+
+``python -m dsv4lab reproduce [--quick] [--stages S0 S1 ...] [--out DIR]`` runs :func:`main`:
+
+* each stage's step is captured in one CUDA graph per concurrency C (batch = C, one token per
+  request per step) and replayed: step time, tokens/s, and the fit step = a + b x C
+  (b: the marginal per-request cost, 1000 / b: the asymptote in tok/s), as the story reports;
+* at the story's batch (32) the replays are profiled (torch.profiler): every kernel by name,
+  sorted into the story's categories (dsv4lab.profile.RULES); one eager step gives the glue's
+  breakdown by aten op and each kernel's launching region (decode time per layer kind);
+* the before/after table of every stage transition, a stacked-bar plot of the shift, the
+  story's published numbers beside this device's, isolated decode calls (one call per graph)
+  for the in-model vs isolated ratio, and the torch.compile lesson (compile the glue, capture
+  the step, record what works and what fails, with the error text).
+
+Stages are cumulative (:data:`STAGES`): S0 the story's start (SGLang's SIMT decode kernel, the
+indexer's torch fallback with an fp32 bmm over the max context, fp32 mHC pre-linear), S1 the
+head-batched MMA kernel as the story built it (BLOCK_H 32), S2 split-K (``auto``), S3 bf16 GEMMs
+for the indexer and mHC, S4 the Triton indexer; variants: "S1 best" (the lab's tuned MMA
+kernel) and the story's "cap the context to 8192" on S0 and S3.
+
+On a CPU (``--quick`` or no GPU) the same code runs the small preset (model.CPU_MODEL) through
+Triton's interpreter, times eager steps on the wall clock and profiles CPU time per region/op:
+the numbers mean nothing, every path and file is exercised.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from . import bench, profile
+from .device import mode
+from .model import (CPU_MODEL, DSV4_FLASH_TP8, GLUE, Model, ModelConfig, Stage, assumptions_markdown,
+                    ASSUMPTIONS)
+
+#: the campaign's stages, cumulative; variants at the end
+STAGES = (
+    Stage("S0", "story start: SGLang's SIMT decode, fp32 indexer fallback over the max context, fp32 mHC",
+          decode_impl="sglang", indexer_impl="torch_fp32", mhc_gemm="float32"),
+    Stage("S1", "head-batched MMA decode as the story built it (BLOCK_H 32)",
+          decode_impl="mma_story", indexer_impl="torch_fp32", mhc_gemm="float32"),
+    Stage("S2", "split-K decode (auto: tiles and NSPLIT per shape)",
+          decode_impl="auto", indexer_impl="torch_fp32", mhc_gemm="float32"),
+    Stage("S3", "bf16 GEMMs for the indexer and the mHC pre-linear",
+          decode_impl="auto", indexer_impl="torch_bf16", mhc_gemm="bfloat16"),
+    Stage("S4", "the Triton indexer: work follows the live context",
+          decode_impl="auto", indexer_impl="triton", mhc_gemm="bfloat16"),
+    Stage("S1best", "variant of S1: the lab's tuned head-batched kernel (mma)",
+          decode_impl="mma", indexer_impl="torch_fp32", mhc_gemm="float32"),
+    Stage("S0cap", "variant of S0: the story's 'cap the context to 8192'",
+          decode_impl="sglang", indexer_impl="torch_fp32", mhc_gemm="float32", max_context=8192),
+    Stage("S3cap", "variant of S3: context capped to 8192",
+          decode_impl="auto", indexer_impl="torch_bf16", mhc_gemm="bfloat16", max_context=8192),
+)
+STAGE_BY_NAME = {s.name: s for s in STAGES}
+MAIN_STAGES = ("S0", "S1", "S2", "S3", "S4")
+#: (before, after) pairs that get the story's before/after table
+TRANSITIONS = (("S0", "S1"), ("S1", "S2"), ("S2", "S3"), ("S3", "S4"), ("S1", "S1best"), ("S0", "S0cap"),
+               ("S3", "S3cap"), ("S0", "S4"))
+
+CONCURRENCY = (1, 16, 32, 64)
+PROFILE_BATCH = 32            # the story's steady-state batch
+CONCURRENCY_CPU = (1, 2)
+PROFILE_BATCH_CPU = 2
+ISOLATED_IMPLS = ("sglang", "mma_story", "mma", "auto")
+#: the lesson's compile modes, least to most likely to clash with an outer capture
+COMPILE_VARIANTS = ("default", "reduce-overhead", "default, first call inside the capture")
+DEFAULT_BUDGET_S = 540        # of the 600 s one GPU command may run
+
+
+def stage(name: str) -> Stage:
+    if name not in STAGE_BY_NAME:
+        raise ValueError(f"stage must be one of {list(STAGE_BY_NAME)}, got {name!r}")
+    return STAGE_BY_NAME[name]
+
+
+def stage_for(s: Stage, cfg: ModelConfig) -> Stage:
+    """The stage for this config: a context cap at or above the config's maximum (the CPU preset
+    serves less than 8192) becomes the live context, so the cap still caps."""
+    if s.max_context is not None and s.max_context >= cfg.max_context:
+        return replace(s, max_context=cfg.live_context)
+    return s
+
+
+# ---------------------------------------------------------------------------------------------
+# throughput fit
+# ---------------------------------------------------------------------------------------------
+
+def fit_step_time(concurrency, step_ms) -> dict:
+    """Least squares step_ms = a + b x C: a (ms, the fixed cost of a step), b (ms per request,
+    the marginal cost), r2, and the asymptote 1000 / b tok/s (what the story calls ~33 -> ~77)."""
+    C = [float(c) for c in concurrency]
+    y = [float(t) for t in step_ms]
+    if len(C) != len(y) or len(C) < 2 or len(set(C)) < 2:
+        raise ValueError(f"need >= 2 distinct concurrencies with one step time each, got {concurrency} / {step_ms}")
+    n = len(C)
+    mc, my = sum(C) / n, sum(y) / n
+    sxx = sum((c - mc) ** 2 for c in C)
+    b = sum((c - mc) * (t - my) for c, t in zip(C, y)) / sxx
+    a = my - b * mc
+    ss_tot = sum((t - my) ** 2 for t in y)
+    ss_res = sum((t - a - b * c) ** 2 for c, t in zip(C, y))
+    return dict(a_ms=a, b_ms=b, r2=1 - ss_res / ss_tot if ss_tot else 1.0,
+                asymptote_tok_s=1000.0 / b if b > 0 else float("inf"))
+
+
+def tokens_per_s(C: int, step_ms: float) -> float:
+    return C / (step_ms / 1000.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# a rough up-front time model (H200) for the printed budget; repeats adapt to measured steps
+# ---------------------------------------------------------------------------------------------
+
+def estimate_step_ms(cfg: ModelConfig, s: Stage, C: int) -> float:
+    """Rough H200 step time (ms), from the recorded runs in data/runs/h200: the torch indexer
+    fallback costs ~1.6e-6 ms per (request x max-width position) in fp32, 1.4e-6 in bf16; the
+    Triton indexer's top-k ~2e-8; SGLang's SIMT kernel ~1.8e-4 ms per (request x index entry),
+    masked entries ~1/6 of that; the lab's kernels ~20 us a call; the rest ~0.35 ms a layer."""
+    L = cfg.index_max_seq_len(s.max_context)
+    idx = {"torch_fp32": 1.65e-6, "torch_bf16": 1.37e-6, "sglang": 1.37e-6}.get(s.indexer_impl)
+    indexer = C * L * idx if idx else 0.03 + 2.1e-8 * C * L
+    wide = cfg.c128_width(s.max_context)
+    if s.decode_impl in ("sglang", "simt"):
+        per = 1.8e-4 if s.decode_impl == "sglang" else 0.65e-4
+        window = per * C * cfg.window
+        c4 = per * C * cfg.index_topk
+        c128 = per * C * (cfg.live_context // 128) + per / 6 * C * wide
+    else:
+        window = c4 = c128 = 0.02 + 2e-6 * C * cfg.index_topk
+    n0, n4, n128 = cfg.layers_window, cfg.layers_c4, cfg.layers_c128
+    decode = n0 * window + n4 * (window + c4) + n128 * (window + c128)
+    return n4 * indexer + decode + cfg.num_layers * (0.35 + 0.004 * C)
+
+
+def estimate_stage_s(cfg, s, concurrency, profile_batch) -> float:
+    """Seconds one stage takes: Triton compiles (~10 s), per C three eager warm-ups + capture +
+    ~max(3, 2 s worth of) replays, and at the profile batch a profiled eager step + 3 replays."""
+    t = 10.0
+    for C in concurrency:
+        ms = estimate_step_ms(cfg, s, C)
+        t += (4 * ms + max(3 * ms, 2000.0)) / 1e3 + 0.5
+        if C == profile_batch:
+            t += (2 * ms + 3 * ms) / 1e3 + 2.0
+    return t
+
+
+# ---------------------------------------------------------------------------------------------
+# measuring one stage
+# ---------------------------------------------------------------------------------------------
+
+class Deadline:
+    def __init__(self, budget_s: float):
+        self.t0 = time.time()
+        self.budget_s = budget_s
+
+    def elapsed(self) -> float:
+        return time.time() - self.t0
+
+    def left(self) -> float:
+        return self.budget_s - self.elapsed()
+
+
+def replay_ms(g, n: int) -> list:
+    """Milliseconds of each of n replays of graph g (CUDA events)."""
+    out = []
+    for _ in range(n):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b))
+    return out
+
+
+def _median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def decode_regions(kp: profile.KernelProfile, br: profile.EagerBreakdown) -> dict:
+    """Decode-kernel time per ``dsv4::decode[impl,cR]`` region of one eager step (a GPU run:
+    the kernels' launching regions; the interpreter: the regions' own CPU time)."""
+    out = {}
+    if br.regions:
+        for name, regs in br.regions.items():
+            if profile.classify(name) == profile.DECODE:
+                for reg, us in regs.items():
+                    if reg.startswith("dsv4::decode["):
+                        out[reg] = out.get(reg, 0.0) + us
+    else:
+        for r in kp.rows:
+            if profile.classify(r["name"]) == profile.DECODE:
+                reg = r["name"].split("/")[0]
+                out[reg] = out.get(reg, 0.0) + r["us"]
+    return out
+
+
+def decode_by_kind(per_region: dict, ratios: list) -> list:
+    """Rows per layer kind: a dsv4::decode[impl,cR] region holds both decodes of a layer (window +
+    compressed cache) and their merge; only decode-category time counts."""
+    rows = []
+    for reg, us in sorted(per_region.items()):
+        ratio = int(reg.rsplit(",c", 1)[1].rstrip("]"))
+        n = ratios.count(ratio)
+        rows.append(dict(region=reg, layer_kind=f"ratio {ratio}" if ratio else "window only", layers=n,
+                         decode_us_per_layer=us / n, decode_us_all_layers=us))
+    return rows
+
+
+def measure_stage(model: Model, s: Stage, concurrency, profile_batch, *, deadline: Deadline, log=print) -> dict:
+    """Step time per C (graph replay on a GPU, eager wall clock on a CPU), profile at profile_batch."""
+    gpu = mode() == "cuda"
+    res = dict(stage=s.as_dict(), steps=[], errors=[])
+    for C in concurrency:
+        row = dict(C=C)
+        try:
+            inp = model.inputs(C, s.max_context)
+            model.check(inp)
+            fn = lambda: model.step(inp, s)  # noqa: E731
+            t0 = time.time()
+            if gpu:
+                g, out = bench.capture(fn)
+                row["capture_s"] = time.time() - t0
+                first = replay_ms(g, 1)[0]
+                n = int(max(3, min(20, 2000.0 / max(first, 1e-3))))
+                if deadline.left() < 60:
+                    n = 3
+                times = replay_ms(g, n)
+                run_once = g.replay
+            else:
+                out = fn()
+                row["warmup_s"] = time.time() - t0
+                t1 = time.perf_counter()
+                out = fn()
+                times = [(time.perf_counter() - t1) * 1e3]
+            row.update(step_ms=_median(times), step_ms_all=times, replays=len(times),
+                       tok_s=tokens_per_s(C, _median(times)), finite=bool(torch.isfinite(out).all()),
+                       how="CUDA-graph replay, CUDA events, median" if gpu else "eager wall clock (interpreter)")
+            if C == profile_batch:
+                if gpu:
+                    prof, runs = profile.profile_runs(run_once, 3)
+                    kp = profile.kernel_profile(prof, runs, "graph replay")
+                    if not kp.rows:                          # no kernel activity seen in graph replays
+                        prof, runs = profile.profile_runs(fn, 1)
+                        kp = profile.kernel_profile(prof, runs, "eager (graph replays showed no kernels)")
+                    br = profile.eager_breakdown(profile.profile_runs(fn, 1)[0])
+                else:
+                    kp = profile.cpu_rows(profile.profile_runs(fn, 1)[0], 1)
+                    br = profile.cpu_breakdown(kp)
+                kp.regions = br.regions
+                res["profile"] = dict(C=C, source=kp.source, runs=kp.runs, total_us=kp.total_us,
+                                      by_category=kp.by_category(), unclassified_share=kp.unclassified_share(),
+                                      kernels=kp.kernels())
+                res["glue_ops"] = dict(C=C, source="one eager step" + ("" if gpu else ", CPU time"),
+                                       total_us=br.total_us, ops=br.ops, region_us=br.region_us)
+                res["decode_by_kind"] = decode_by_kind(decode_regions(kp, br), model.ratios)
+            if gpu:
+                del g
+        except Exception as e:                               # a failing cell is a row, not the end of the run
+            row["error"] = f"{type(e).__name__}: {str(e)[:600]}"
+            res["errors"].append(dict(C=C, error=row["error"]))
+        res["steps"].append(row)
+        log(f"  {s.name} C={C}: " + (f"{row['step_ms']:.2f} ms/step, {row['tok_s']:.1f} tok/s"
+                                     if "step_ms" in row else row.get("error", "")))
+        if gpu:
+            torch.cuda.empty_cache()
+    ok = [r for r in res["steps"] if "step_ms" in r]
+    if len({r["C"] for r in ok}) >= 2:
+        res["fit"] = fit_step_time([r["C"] for r in ok], [r["step_ms"] for r in ok])
+    return res
+
+
+def isolated_decode(model: Model, impls=ISOLATED_IMPLS, batches=(1, PROFILE_BATCH), log=print) -> list:
+    """One decode call per CUDA graph (bench.time_ms, do_bench median), on the first layer of each
+    kind's caches and the step's own index tables: the kernel alone, to set beside its time
+    inside the step. The ratio-4 call uses 512 distinct live compressed tokens per request."""
+    from . import api
+    rows = []
+    cfg = model.cfg
+    for B in batches:
+        if B > cfg.max_batch:
+            continue
+        inp = model.inputs(B)
+        g = torch.Generator().manual_seed(B)
+        q = torch.randn(B, cfg.kernel_heads, 512, generator=g).to(torch.bfloat16).to(model.device)
+        calls = {}
+        for r in (0, 4, 128):
+            if r not in model.ratios:
+                continue
+            c = model.caches[model.ratios.index(r)]
+            calls[f"window (K={cfg.window})"] = (c.window, inp.window_idx, inp.window_len)
+            if r == 4:
+                n4 = cfg.live_context // 4
+                pick = torch.rand(B, n4, generator=g).argsort(1)[:, :cfg.index_topk].to(model.device)
+                phys = inp.page_table.long().gather(1, pick // 64) * 64 + pick % 64
+                calls[f"ratio 4 (K={cfg.index_topk})"] = (c.compressed, phys.to(torch.int32), inp.c4_topk_len)
+            if r == 128:
+                calls[f"ratio 128 (K={inp.c128_idx.shape[1]}, {cfg.live_context // 128} valid)"] = (
+                    c.compressed, inp.c128_idx, inp.c128_len)
+        for impl in impls:
+            for kind, (cache, idx, tlen) in calls.items():
+                row = dict(impl=impl, B=B, call=kind)
+                try:
+                    fn = lambda: api.sparse_decode(q, cache, idx, topk_len=tlen, impl=impl,  # noqa: E731
+                                                   check_ranges=False)
+                    row["graph_us"] = bench.time_ms(fn, graph=True) * 1e3
+                except Exception as e:
+                    row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                rows.append(row)
+        log(f"  isolated decode B={B}: " + ", ".join(
+            f"{r['impl']}/{r['call'].split(' (')[0]} {r.get('graph_us', float('nan')):.1f}us" for r in rows if r["B"] == B))
+        torch.cuda.empty_cache()
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# the torch.compile lesson (GPU, in a child process: a failed capture must not poison the run)
+# ---------------------------------------------------------------------------------------------
+
+def compile_lesson(out_json: str, stage_name: str = "S4", C: int = PROFILE_BATCH):
+    """Compile the glue functions (model.GLUE) with torch.compile, capture the whole step in one
+    CUDA graph, replay: per variant whether it worked, the error text if not, compile and step
+    times, and the largest logit difference from the uncompiled step. Writes ``out_json``."""
+    import torch._dynamo as dynamo
+
+    from . import model as model_mod
+    rows = []
+
+    def save():
+        bench.save(out_json, dict(stage=stage_name, C=C, glue=list(GLUE), torch=torch.__version__, variants=rows))
+
+    m = Model(DSV4_FLASH_TP8)
+    s = stage(stage_name)
+    inp = m.inputs(C, s.max_context)
+    m.check(inp)
+    fn = lambda: m.step(inp, s)  # noqa: E731
+    g, ref = bench.capture(fn)
+    base = _median(replay_ms(g, 10))
+    ref = ref.clone()
+    del g
+    rows.append(dict(variant="no compile (baseline)", ok=True, step_ms=base))
+    save()
+    for variant in COMPILE_VARIANTS:
+        row = dict(variant=variant)
+        dynamo.reset()
+        compile_mode = variant.split(",")[0]
+        fns = {name: torch.compile(getattr(model_mod, name), mode=None if compile_mode == "default" else compile_mode)
+               for name in GLUE}
+        m.use_glue(fns)
+        t0 = time.time()
+        try:
+            if "inside the capture" in variant:
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    out = fn()
+                row["phase"] = "capture"
+            else:
+                fn()
+                fn()
+                torch.cuda.synchronize()
+                row["compile_s"] = time.time() - t0
+                row["phase"] = "capture"
+                g, out = bench.capture(fn)
+            row["phase"] = "replay"
+            times = replay_ms(g, 10)
+            row.update(ok=True, step_ms=_median(times), speedup_vs_baseline=base / _median(times),
+                       max_abs_logit_diff=float((out - ref).abs().max()),
+                       finite=bool(torch.isfinite(out).all()))
+            del g
+        except Exception as e:
+            row.update(ok=False, error_type=type(e).__name__, error=str(e)[:1500])
+            try:
+                torch.cuda.synchronize()
+            except Exception as e2:                              # a sticky CUDA error: stop here
+                row["after_error"] = f"{type(e2).__name__}: {str(e2)[:300]}"
+                rows.append(row)
+                save()
+                return
+        row["seconds"] = time.time() - t0
+        rows.append(row)
+        save()
+        m.use_glue(None)
+        torch.cuda.empty_cache()
+
+
+def _run_compile_lesson(out_dir: Path, timeout_s: float, log=print) -> dict:
+    path = out_dir / ".compile_lesson.json"          # merged into reproduce.json, then removed
+    cmd = [sys.executable, "-m", "dsv4lab.replay", "--compile-lesson", str(path)]
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        tail = (p.stdout + p.stderr)[-2000:]
+        rc = p.returncode
+    except subprocess.TimeoutExpired as e:
+        tail, rc = f"timed out after {timeout_s:.0f} s: {str(e)[-500:]}", "timeout"
+    res = json.loads(path.read_text()) if path.exists() else {}
+    path.unlink(missing_ok=True)
+    res.update(returncode=rc, seconds=time.time() - t0, log_tail=tail)
+    log(f"  compile lesson: rc={rc}, " + "; ".join(
+        f"{v['variant']}: {'ok %.2f ms' % v['step_ms'] if v.get('ok') else 'FAILED ' + v.get('error_type', '')}"
+        for v in res.get("variants", [])))
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# tables, plots, files
+# ---------------------------------------------------------------------------------------------
+
+def _story_dir() -> Path:
+    return Path(__file__).resolve().parents[1] / "data" / "campaign"
+
+
+def _cell(v, floatfmt):
+    if v is None or (isinstance(v, float) and v != v):
+        return ""
+    if isinstance(v, float):
+        return format(v, floatfmt)
+    if isinstance(v, (list, dict)):
+        v = json.dumps(v, default=str)
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def _md(rows, floatfmt=".4g") -> str:
+    """A markdown table of dict rows (columns in order of first appearance)."""
+    if not rows:
+        return "(none)"
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_cell(r.get(c), floatfmt) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def story_comparison(results: dict) -> list:
+    """The story's published figures beside this run's synthetic ones, with what differs."""
+    import csv
+    d = _story_dir()
+    if not (d / "story_profile.csv").exists():
+        return []
+    prof = {r["kernel"]: r for r in csv.DictReader(open(d / "story_profile.csv"))}
+    thr = {int(r["concurrency"]): r for r in csv.DictReader(open(d / "story_throughput.csv"))}
+    st = results.get("stages", {})
+
+    def cat(s, c, share=True):
+        p = st.get(s, {}).get("profile")
+        if not p:
+            return None
+        v = p["by_category"].get(c, 0.0)
+        return 100 * v / p["total_us"] if share else v / 1e3
+
+    def tok(s, C):
+        for r in st.get(s, {}).get("steps", []):
+            if r["C"] == C and "tok_s" in r:
+                return r["tok_s"]
+        return None
+
+    def fit(s, k):
+        f = st.get(s, {}).get("fit")
+        return f[k] if f else None
+
+    def pair(a, b, fmt="{:.3g}"):
+        return "n/a" if a is None or b is None else f"{fmt.format(a)} -> {fmt.format(b)}"
+
+    def ratio(a, b):
+        return None if a is None or b is None or not b else a / b
+
+    row = lambda name: prof.get(next((k for k in prof if k.startswith(name)), ""), {})  # noqa: E731
+    here_total = (cat("S0", profile.DECODE, False), cat("S1", profile.DECODE, False))
+    tot = [st.get(s, {}).get("profile", {}).get("total_us") for s in ("S0", "S1")]
+    diff = ("story: 8x RTX PRO 6000 Blackwell (sm_120, 188 SMs, GDDR7), the full model with real weights in an "
+            "SGLang server (scheduler, collectives, FP4 MoE), kernel time summed over its profiling window; "
+            "here: one GPU's share on this device, random weights, no collectives, MoE stand-in, per step "
+            "from CUDA-graph replay (see ASSUMPTIONS)")
+    B = PROFILE_BATCH
+    out = [
+        dict(figure="total kernel time S0 -> S1 (batch 32)",
+             story=f"{row('total').get('before_ms')} -> {row('total').get('after_ms')} ms "
+                   f"({float(row('total').get('before_ms', 1)) / float(row('total').get('after_ms', 1)):.2f}x)",
+             here=pair(*(t / 1e3 if t else None for t in tot), fmt="{:.1f}") + " ms per step"
+                  + (f" ({tot[0] / tot[1]:.2f}x)" if all(tot) else "")),
+        dict(figure="sparse-MLA decode kernel time S0 -> S1 (in the model)",
+             story="5350 -> 850 ms (6.3x)",
+             here=pair(*here_total, fmt="{:.2f}") + " ms per step"
+                  + (f" ({here_total[0] / here_total[1]:.1f}x)" if all(here_total) else "")),
+    ]
+    for c, name in ((profile.DECODE, "sparse-MLA decode"), (profile.FP32_GEMM, "FP32 SIMT GEMM"),
+                    (profile.GLUE, "elementwise/copy/reduce glue"), (profile.MOE, "FP4 MoE GEMM")):
+        r = row(name)
+        out.append(dict(figure=f"share: {name} S0 -> S1",
+                        story=f"{r.get('before_share_pct')}% -> {r.get('after_share_pct')}%",
+                        here=pair(cat("S0", c), cat("S1", c), fmt="{:.1f}") + " %"))
+    for C in (1, 16, 64):
+        t = thr.get(C, {})
+        s_txt = (f"{t.get('before_tok_s')} -> {t.get('after_tok_s')} tok/s ({t.get('change_pct')}%)"
+                 if t.get("before_tok_s") else f"{t.get('change_pct')}% (only the change was published)")
+        a, b = tok("S0", C), tok("S1", C)
+        out.append(dict(figure=f"throughput C={C}, S0 -> S1", story=s_txt,
+                        here=pair(a, b, fmt="{:.1f}") + " tok/s" + (f" ({100 * (b / a - 1):+.0f}%)" if a and b else "")))
+    out.append(dict(figure="marginal per-request cost b, S0 -> S1", story="~30 -> ~13 ms",
+                    here=pair(fit("S0", "b_ms"), fit("S1", "b_ms"), fmt="{:.2f}") + " ms"))
+    out.append(dict(figure="asymptote 1/b, S0 -> S1", story="~33 -> ~77 tok/s",
+                    here=pair(fit("S0", "asymptote_tok_s"), fit("S1", "asymptote_tok_s"), fmt="{:.0f}") + " tok/s"))
+    cap = ratio(tok("S0cap", B), tok("S0", B))
+    out.append(dict(figure=f"cap context to 8192: throughput S0cap / S0 (C={B})", story="17.9x",
+                    here="n/a" if cap is None else f"{cap:.1f}x"))
+    c1 = ratio(tok("S1", 1), tok("S0", 1))
+    c1b = ratio(tok("S2", 1), tok("S0", 1))
+    out.append(dict(figure="C=1 regression S0 -> S1 (and S2 / S0)", story="-29% (grid of 2 programs at B=1)",
+                    here="n/a" if c1 is None else f"{100 * (c1 - 1):+.0f}% (S2: "
+                    + ("n/a" if c1b is None else f"{100 * (c1b - 1):+.0f}%") + ")"))
+    for r in out:
+        r["setup differences"] = diff
+    return out
+
+
+def throughput_lines(ax, results: dict, names):
+    """tok/s vs C per stage (markers: measured; lines: C / (a + b C) from the fit)."""
+    for i, n in enumerate(names):
+        st = results["stages"].get(n, {})
+        pts = [(r["C"], r["tok_s"]) for r in st.get("steps", []) if "tok_s" in r]
+        if not pts:
+            continue
+        C, t = zip(*pts)
+        ax.plot(C, t, "o", color=f"C{i % 10}", label=n)
+        f = st.get("fit")
+        if f:
+            xs = [1 + k * (max(C) - 1) / 60 for k in range(61)]
+            ax.plot(xs, [x / ((f["a_ms"] + f["b_ms"] * x) / 1e3) for x in xs], "-", color=f"C{i % 10}", alpha=0.6)
+    ax.set_xlabel("concurrency C (batch = C)")
+    ax.set_ylabel("tokens / s (one GPU's step)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    return ax
+
+
+def write_outputs(out: Path, results: dict, quick: bool):
+    """reproduce.json, tables.md, throughput.csv, profile.csv, kernels.json, two PNGs and one
+    .tar.gz of everything (at most 8 files, one folder)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    st = results.get("stages", {})
+    order = [s.name for s in STAGES if s.name in st]
+    thr = [dict(stage=n, C=r["C"], step_ms=r.get("step_ms"), tok_s=r.get("tok_s"), replays=r.get("replays"),
+                finite=r.get("finite"), error=r.get("error")) for n in order for r in st[n]["steps"]]
+    fits = [dict(stage=n, **st[n]["fit"]) for n in order if st[n].get("fit")]
+    prof_rows = [dict(stage=n, category=c, ms=us / 1e3, share_pct=100 * us / st[n]["profile"]["total_us"])
+                 for n in order if st[n].get("profile") for c, us in st[n]["profile"]["by_category"].items()]
+    per_stage_cat = {n: st[n]["profile"]["by_category"] for n in order if st[n].get("profile")}
+    trans = []
+    for a, b in TRANSITIONS:
+        if a in per_stage_cat and b in per_stage_cat:
+            trans.append((a, b, profile.transition_table(per_stage_cat[a], per_stage_cat[b], a, b)))
+    glue = [dict(stage=n, **o) for n in order for o in st[n].get("glue_ops", {}).get("ops", [])[:12]]
+    dec = [dict(stage=n, **r) for n in order for r in st[n].get("decode_by_kind", [])]
+    for n in order:
+        p = st[n].get("profile")
+        if p:
+            dec.append(dict(stage=n, region="(graph replay, all layers)", layer_kind="all",
+                            layers=len(results["config"]["layer_ratios"]),
+                            decode_us_all_layers=p["by_category"].get(profile.DECODE, 0.0)))
+    story = story_comparison(results)
+    results["tables"] = dict(throughput=thr, fits=fits, profile=prof_rows, glue_ops=glue, decode=dec,
+                             transitions=[dict(before=a, after=b, rows=t) for a, b, t in trans], story=story)
+    kernels = {n: dict(source=st[n]["profile"]["source"], C=st[n]["profile"]["C"], kernels=st[n]["profile"]["kernels"])
+               for n in order if st[n].get("profile")}
+    files = {}
+    files["reproduce.json"] = out / "reproduce.json"
+    bench.save(files["reproduce.json"], {k: v for k, v in results.items()})
+    files["kernels.json"] = out / "kernels.json"
+    bench.save(files["kernels.json"], dict(device=results["environment"]["device"], torch=results["environment"]["torch"],
+                                           rules=profile.RULES, stages=kernels))
+    files["throughput.csv"] = out / "throughput.csv"
+    pd.DataFrame(thr).to_csv(files["throughput.csv"], index=False)
+    files["profile.csv"] = out / "profile.csv"
+    pd.DataFrame(prof_rows).to_csv(files["profile.csv"], index=False)
+    extra = {"fits.csv": fits, "transitions.csv": [dict(before=a, after=b, **r) for a, b, t in trans for r in t],
+             "glue_ops.csv": glue, "decode.csv": dec, "story_vs_here.csv": story,
+             "isolated_decode.csv": results.get("isolated_decode", [])}
+    unit = "ms of CPU time (interpreter: meaningless as GPU time)" if results["mode"] != "cuda" else "ms"
+    md = [f"# Campaign replay on {results['environment']['device']['name']} ({results['environment']['date']})",
+          "", f"Config: {results['config']['name']}; layers {results['config']['layer_ratios'].count(0)} window-only, "
+          f"{results['config']['layer_ratios'].count(4)} ratio-4, {results['config']['layer_ratios'].count(128)} ratio-128; "
+          f"live context {results['config']['live_context']}, max context {results['config']['max_context']}. "
+          f"Units: {unit}." + (" QUICK (CPU preset)." if quick else ""), "",
+          "## Stages", "", _md([dict(stage=s.name, title=s.title, decode=s.decode_impl, indexer=s.indexer_impl,
+                                     mhc=s.mhc_gemm, max_context=s.max_context or "config") for s in STAGES if s.name in st]),
+          "", "## Throughput (step = one token per request)", "", _md(thr), "", "## Fit: step_ms = a + b x C", "",
+          _md(fits), "", f"## Kernel time by category at C = {results['profile_batch']}", "", _md(prof_rows)]
+    for a, b, t in trans:
+        md += ["", f"## {a} -> {b}", "", _md(t, ".4g")]
+    md += ["", "## Glue breakdown by op (eager step; glue + FP32 GEMM kernels; top 12)", "", _md(glue),
+           "", "## Decode kernel time inside the step", "", _md(dec),
+           "", "## Isolated decode calls (one call per CUDA graph)", "", _md(results.get("isolated_decode", [])),
+           "", "## The story beside this run", "", _md(story),
+           "", "## torch.compile lesson", "", _md(results.get("compile_lesson", {}).get("variants", [])),
+           "", "## Unclassified kernel share", "",
+           _md([dict(stage=n, unclassified_pct=100 * st[n]["profile"]["unclassified_share"])
+                for n in order if st[n].get("profile")]),
+           "", "## Assumptions", "", assumptions_markdown(), ""]
+    files["tables.md"] = out / "tables.md"
+    files["tables.md"].write_text("\n".join(md))
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.8))
+    profile.category_bars(axes[0], per_stage_cat, title=f"kernel time per step at C={results['profile_batch']} ({unit})")
+    profile.category_bars(axes[1], per_stage_cat, share=True, title="share of kernel time")
+    if axes[0].get_legend() is not None:
+        axes[0].get_legend().remove()
+    fig.tight_layout()
+    files["profile_shift.png"] = out / "profile_shift.png"
+    fig.savefig(files["profile_shift.png"], dpi=110)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    throughput_lines(ax, results, order)
+    ax.set_title("tokens/s vs concurrency (markers measured, lines: the a + b C fit)", fontsize=9)
+    fig.tight_layout()
+    files["throughput.png"] = out / "throughput.png"
+    fig.savefig(files["throughput.png"], dpi=110)
+    plt.close(fig)
+    tar = out / "reproduce.tar.gz"                   # everything, with the extra CSVs only here
+    with tarfile.open(tar, "w:gz") as t:
+        for p in files.values():
+            t.add(p, arcname=f"reproduce/{p.name}")
+        for name, rows in extra.items():
+            data = pd.DataFrame(rows).to_csv(index=False).encode()
+            info = tarfile.TarInfo(f"reproduce/{name}")
+            info.size, info.mtime = len(data), int(time.time())
+            t.addfile(info, io.BytesIO(data))
+    files["reproduce.tar.gz"] = tar
+    return files
+
+
+# ---------------------------------------------------------------------------------------------
+# the command
+# ---------------------------------------------------------------------------------------------
+
+def main(out="reproduce", quick: bool = False, stages=None, budget_s: float | None = None,
+         compile_glue: bool = True, log=print) -> dict:
+    """Run the replay and write its files to ``out``; returns the results dict."""
+    from tqdm.auto import tqdm
+    gpu = mode() == "cuda"
+    if quick and gpu:
+        log("--quick on a GPU: the CPU preset's small shapes, compiled kernels")
+    cfg = CPU_MODEL if (quick or not gpu) else DSV4_FLASH_TP8
+    concurrency = CONCURRENCY_CPU if cfg is CPU_MODEL else CONCURRENCY
+    profile_batch = PROFILE_BATCH_CPU if cfg is CPU_MODEL else PROFILE_BATCH
+    names = list(stages) if stages else [s.name for s in STAGES]
+    todo = [stage_for(stage(n), cfg) for n in names]
+    deadline = Deadline(budget_s or (DEFAULT_BUDGET_S if gpu else 1e9))
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = dict(environment=bench.environment(), mode=mode(), quick=quick, config=cfg.as_dict(),
+                   assumptions=[dict(topic=t, replay=r, source=s) for t, r, s in ASSUMPTIONS],
+                   stages_run=[s.as_dict() for s in todo], concurrency=list(concurrency), profile_batch=profile_batch,
+                   budget_s=deadline.budget_s, stages={}, skipped=[])
+    # the budget, up front
+    est = {s.name: estimate_stage_s(cfg, s, concurrency, profile_batch) for s in todo} if gpu else {}
+    plan = dict(setup_s=20.0 if gpu else 2.0, stages_s=est, isolated_decode_s=25.0 if gpu else 0.0,
+                compile_lesson_s=180.0 if (gpu and compile_glue) else 0.0, outputs_s=10.0)
+    results["budget_plan"] = plan
+    if gpu:
+        log(f"time budget (estimates, H200; the run stops adding work at {deadline.budget_s:.0f} s):")
+        for k, v in [("setup", plan["setup_s"])] + list(est.items()) + [
+                ("isolated decode", plan["isolated_decode_s"]), ("compile lesson", plan["compile_lesson_s"]),
+                ("outputs", plan["outputs_s"])]:
+            log(f"  {k:>16}: {v:6.0f} s")
+        log(f"  {'total':>16}: {plan['setup_s'] + sum(est.values()) + plan['isolated_decode_s'] + plan['compile_lesson_s'] + plan['outputs_s']:6.0f} s")
+    t0 = time.time()
+    model = Model(cfg)
+    results["setup_s"] = time.time() - t0
+    log(f"model built in {results['setup_s']:.1f} s: {cfg.num_layers} layers, C in {concurrency}")
+    reserve = plan["outputs_s"] + 15
+    if not gpu and todo:                 # one untimed step first: the interpreter's and torch's one-time costs
+        model.step(model.inputs(profile_batch, todo[0].max_context), todo[0])
+    for s in tqdm(todo, desc="stages", unit="stage"):
+        need = est.get(s.name, 0.0)
+        if gpu and deadline.left() - reserve < 0.6 * need:
+            results["skipped"].append(dict(part=s.name, reason=f"budget: {deadline.left():.0f} s left, ~{need:.0f} s needed"))
+            log(f"skip {s.name}: budget")
+            continue
+        t1 = time.time()
+        results["stages"][s.name] = measure_stage(model, s, concurrency, profile_batch, deadline=deadline, log=log)
+        results["stages"][s.name]["seconds"] = time.time() - t1
+        bench.save(out / "reproduce.json", results)          # partial results survive a kill
+    if gpu:
+        if deadline.left() > reserve + plan["isolated_decode_s"]:
+            results["isolated_decode"] = isolated_decode(model, log=log)
+        else:
+            results["skipped"].append(dict(part="isolated decode", reason="budget"))
+    del model
+    if gpu:
+        torch.cuda.empty_cache()
+        left = deadline.left() - reserve
+        if compile_glue and left > 90:
+            results["compile_lesson"] = _run_compile_lesson(out, timeout_s=min(300.0, left), log=log)
+        elif compile_glue:
+            results["skipped"].append(dict(part="compile lesson", reason=f"budget: {left:.0f} s left"))
+    else:
+        results["compile_lesson"] = dict(variants=[], note="not run: CUDA-graph capture needs a GPU")
+    results["elapsed_s"] = deadline.elapsed()
+    files = write_outputs(out, results, quick)
+    log(f"wrote {', '.join(str(p) for p in files.values())} in {deadline.elapsed():.0f} s")
+    return results
+
+
+def _child(argv=None):
+    p = argparse.ArgumentParser(prog="python -m dsv4lab.replay")
+    p.add_argument("--compile-lesson", required=True, help="write the torch.compile lesson's JSON here")
+    p.add_argument("--stage", default="S4")
+    a = p.parse_args(argv)
+    compile_lesson(a.compile_lesson, a.stage)
+
+
+if __name__ == "__main__":
+    import dsv4lab  # noqa: F401  (sets the mode before triton is imported)
+    _child()
