@@ -48,7 +48,7 @@ RULES = [
     # fp32 GEMMs without TF32 run on CUDA cores: ffma xmma/cutlass SIMT kernels, sgemm, float gemv
     (FP32_GEMM, r"f32f32_f32f32|sgemm|_ffma|nvjet_sss|(gemv|gemmSN|gemmk1)\w*<(int, ?int, ?)?float\b"
                 r"|splitKreduce_kernel<[^>]*\bfloat, float, float, float\b"),
-    (BF16_GEMM, r"nvjet_|bf16|bfloat16|xmma_gemm|cutlass|gemv|gemmSN|gemmk1|splitKreduce|s16816gemm"),
+    (BF16_GEMM, r"nvjet_|xmma_gemm|cutlass|gemv|gemmSN|gemmk1|splitKreduce|s16816gemm|(bf16|bfloat16).*gemm"),
     (TOPK, r"[Tt]op[Kk]|[Ss]ort|[Rr]adix|bitonic|KthValues|KthCounts|WithinKCounts"),
     (GLUE, r"at::native|at_cuda_detail|elementwise|reduce_kernel|Memcpy|Memset|_mhc_sinkhorn_kernel"
            r"|^triton_(poi|red|per)_|CatArray|[Ii]ndex|gather|scatter|fill|copy|softmax|norm"),
@@ -70,6 +70,19 @@ CPU_RULES = [
 
 _COMPILED = [(cat, re.compile(rx)) for cat, rx in RULES]
 _CPU_COMPILED = [(cat, re.compile(rx)) for cat, rx in CPU_RULES]
+
+
+#: where each category's kernels may be launched from (the step's ``dsv4::`` regions): the check
+#: of the name rules against what an eager step saw (region_mismatches); glue may come from anywhere
+EXPECTED_REGIONS = {
+    DECODE: r"^dsv4::decode\[",
+    INDEXER: r"^dsv4::indexer\[triton\]$",
+    MOE: r"^dsv4::moe_experts$",
+    FP32_GEMM: r"^dsv4::(mhc_linear\[float32\]|indexer\[torch_fp32\])$",
+    BF16_GEMM: r"^dsv4::(attn_proj|indexer_proj|compressor|moe_router|moe_shared|head|mhc_linear\[bfloat16\]"
+               r"|indexer\[(torch_bf16|sglang)\])$",
+    TOPK: r"^dsv4::(indexer\[|moe_router$)",
+}
 
 
 def classify(name: str) -> str:
@@ -107,6 +120,18 @@ class KernelProfile:
         """Every kernel with its category (and launching regions when an eager step saw it)."""
         return [dict(r, category=classify(r["name"]), regions=self.regions.get(r["name"], {}))
                 for r in sorted(self.rows, key=lambda r: -r["us"])]
+
+
+def region_mismatches(kernels) -> list:
+    """Kernels whose name-rule category disagrees with where an eager step launched them:
+    ``kernels`` as KernelProfile.kernels() gives them ({name, category, regions: {region: us}})."""
+    out = []
+    for k in kernels:
+        rx = EXPECTED_REGIONS.get(k["category"])
+        bad = {r: us for r, us in k.get("regions", {}).items() if rx and not re.search(rx, r)}
+        if bad:
+            out.append(dict(name=k["name"], category=k["category"], unexpected_regions=bad))
+    return out
 
 
 def _activities():

@@ -261,9 +261,10 @@ def measure_stage(model: Model, s: Stage, concurrency, profile_batch, *, deadlin
                     kp = profile.cpu_rows(profile.profile_runs(fn, 1)[0], 1)
                     br = profile.cpu_breakdown(kp)
                 kp.regions = br.regions
+                kernels = kp.kernels()
                 res["profile"] = dict(C=C, source=kp.source, runs=kp.runs, total_us=kp.total_us,
                                       by_category=kp.by_category(), unclassified_share=kp.unclassified_share(),
-                                      kernels=kp.kernels())
+                                      region_mismatches=profile.region_mismatches(kernels), kernels=kernels)
                 res["glue_ops"] = dict(C=C, source="one eager step" + ("" if gpu else ", CPU time"),
                                        total_us=br.total_us, ops=br.ops, region_us=br.region_us)
                 res["decode_by_kind"] = decode_by_kind(decode_regions(kp, br), model.ratios)
@@ -608,9 +609,10 @@ def write_outputs(out: Path, results: dict, quick: bool):
            "", "## Isolated decode calls (one call per CUDA graph)", "", _md(results.get("isolated_decode", [])),
            "", "## The story beside this run", "", _md(story),
            "", "## torch.compile lesson", "", _md(results.get("compile_lesson", {}).get("variants", [])),
-           "", "## Unclassified kernel share", "",
-           _md([dict(stage=n, unclassified_pct=100 * st[n]["profile"]["unclassified_share"])
-                for n in order if st[n].get("profile")]),
+           "", "## The classifier: unclassified share, and kernels launched where their category says they cannot be",
+           "", _md([dict(stage=n, unclassified_pct=100 * st[n]["profile"]["unclassified_share"],
+                         region_mismatches=len(st[n]["profile"]["region_mismatches"]))
+                    for n in order if st[n].get("profile")]),
            "", "## Assumptions", "", assumptions_markdown(), ""]
     files["tables.md"] = out / "tables.md"
     files["tables.md"].write_text("\n".join(md))

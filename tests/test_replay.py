@@ -1,0 +1,84 @@
+"""The replay's pieces (dsv4lab.replay): the stages, the throughput fit, the story table, and
+``python -m dsv4lab reproduce --quick`` end to end on two stages (Triton interpreter, ~25 s)."""
+import json
+import tarfile
+
+import pytest
+
+from dsv4lab import replay as R
+from dsv4lab.__main__ import main as cli
+from dsv4lab.model import CPU_MODEL, DSV4_FLASH_TP8
+
+
+def test_stages_are_cumulative_and_distinct():
+    s = R.STAGE_BY_NAME
+    assert (s["S0"].decode_impl, s["S0"].indexer_impl, s["S0"].mhc_gemm) == ("sglang", "torch_fp32", "float32")
+    assert s["S1"].decode_impl == "mma_story" and s["S1best"].decode_impl == "mma"
+    assert s["S2"].decode_impl == "auto" and s["S2"].indexer_impl == "torch_fp32"
+    assert (s["S3"].indexer_impl, s["S3"].mhc_gemm) == ("torch_bf16", "bfloat16") and s["S3"].decode_impl == "auto"
+    assert s["S4"].indexer_impl == "triton" and s["S4"].mhc_gemm == "bfloat16"
+    assert s["S0cap"].max_context == s["S3cap"].max_context == 8192
+    assert all(x.max_context is None for n, x in s.items() if not n.endswith("cap"))
+    keys = [(x.decode_impl, x.indexer_impl, x.mhc_gemm, x.max_context) for x in R.STAGES]
+    assert len(set(keys)) == len(keys)
+    with pytest.raises(ValueError, match="stage must be one of"):
+        R.stage("S9")
+
+
+def test_stage_for_keeps_the_cap_a_cap():
+    assert R.stage_for(R.stage("S0cap"), DSV4_FLASH_TP8).max_context == 8192
+    assert R.stage_for(R.stage("S0cap"), CPU_MODEL).max_context == CPU_MODEL.live_context
+    assert R.stage_for(R.stage("S0"), CPU_MODEL) is R.stage("S0")
+
+
+def test_fit_recovers_a_line_and_the_asymptote():
+    C = [1, 16, 32, 64]
+    f = R.fit_step_time(C, [50 + 13 * c for c in C])
+    assert f["a_ms"] == pytest.approx(50) and f["b_ms"] == pytest.approx(13) and f["r2"] == pytest.approx(1)
+    assert f["asymptote_tok_s"] == pytest.approx(1000 / 13)
+    noisy = R.fit_step_time(C, [50 + 30 * c + e for c, e in zip(C, [3, -4, 5, -2])])
+    assert noisy["b_ms"] == pytest.approx(30, rel=0.02) and 0.99 < noisy["r2"] < 1
+    assert R.tokens_per_s(32, 1000.0) == 32
+    with pytest.raises(ValueError, match="distinct"):
+        R.fit_step_time([8, 8], [1.0, 2.0])
+
+
+def test_estimates_rank_the_stages_like_the_story():
+    cfg = DSV4_FLASH_TP8
+    est = {n: R.estimate_step_ms(cfg, R.stage_for(R.stage(n), cfg), 32) for n in R.STAGE_BY_NAME}
+    assert est["S0"] > est["S1"] >= est["S3"] > est["S4"] and est["S0"] > est["S0cap"]
+
+
+def test_story_comparison_names_its_differences():
+    prof = {"total_us": 1000.0, "by_category": {"sparse-MLA decode": 600.0}}
+    res = {"stages": {"S0": {"profile": prof, "steps": [{"C": 1, "tok_s": 10.0}], "fit": {"b_ms": 30, "asymptote_tok_s": 33}},
+                      "S1": {"profile": dict(prof, total_us=500.0, by_category={"sparse-MLA decode": 100.0}),
+                             "steps": [{"C": 1, "tok_s": 8.0}], "fit": {"b_ms": 13, "asymptote_tok_s": 77}}}}
+    rows = R.story_comparison(res)
+    assert rows and all("setup differences" in r for r in rows)
+    by = {r["figure"]: r for r in rows}
+    assert by["sparse-MLA decode kernel time S0 -> S1 (in the model)"]["here"].endswith("(6.0x)")
+    assert "-20%" in by["throughput C=1, S0 -> S1"]["here"]
+
+
+def test_reproduce_quick_writes_what_it_promises(tmp_path):
+    out = tmp_path / "rep"
+    cli(["reproduce", "--quick", "--stages", "S0", "S4", "--out", str(out)])
+    names = {p.name for p in out.iterdir()}
+    assert names == {"reproduce.json", "tables.md", "throughput.csv", "profile.csv", "kernels.json",
+                     "profile_shift.png", "throughput.png", "reproduce.tar.gz"}           # <= 8 files, one folder
+    res = json.loads((out / "reproduce.json").read_text())
+    assert set(res["stages"]) == {"S0", "S4"} and res["environment"]["device"]["mode"] == "interpret"
+    for st in res["stages"].values():
+        assert [r["C"] for r in st["steps"]] == list(R.CONCURRENCY_CPU) and all(r["finite"] for r in st["steps"])
+        assert st["profile"]["C"] == R.PROFILE_BATCH_CPU and st["glue_ops"]["ops"] and "fit" in st
+    t = res["tables"]
+    assert [(x["before"], x["after"]) for x in t["transitions"]] == [("S0", "S4")]
+    assert t["story"] and t["decode"]
+    md = (out / "tables.md").read_text()
+    for head in ("## Throughput", "## S0 -> S4", "## Glue breakdown", "## The story beside this run", "## Assumptions"):
+        assert head in md
+    with tarfile.open(out / "reproduce.tar.gz") as tf:
+        members = {m.name.split("/", 1)[1] for m in tf.getmembers()}
+    assert {"transitions.csv", "glue_ops.csv", "decode.csv", "story_vs_here.csv", "tables.md"} <= members
+    assert (out / "profile_shift.png").stat().st_size > 10_000
