@@ -15,7 +15,7 @@ STAMP  := $(VENV)/.installed
 CHROMIUM  := /usr/bin/chromium
 ARTIFACTS := test-artifacts
 
-.PHONY: lab test install versions clean chromium
+.PHONY: lab test install versions clean chromium reproduce
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -55,6 +55,12 @@ test: $(STAMP) chromium
 	$(BIN)/python -m pytest tests/ -q
 	$(BIN)/python -m pytest -q --nbval --nbval-current-env --nbval-cell-timeout=600 \
 		--nbval-sanitize-with notebooks/sanitize.cfg notebooks/
+
+# The campaign replayed on a synthetic decode step (tables, plots, JSON in $(REPRODUCE_OUT)/): the full
+# DSv4-Flash share on a GPU (~8 min on an H200), the small preset through Triton's interpreter on a CPU.
+REPRODUCE_OUT ?= reproduce
+reproduce: $(STAMP)
+	$(BIN)/python -m dsv4lab reproduce --out $(REPRODUCE_OUT) $(REPRODUCE_ARGS)
 
 clean:
 	rm -rf $(VENV)

@@ -75,6 +75,8 @@ PROFILE_BATCH_CPU = 2
 ISOLATED_IMPLS = ("sglang", "mma_story", "mma", "auto")
 #: the lesson's compile modes, least to most likely to clash with an outer capture
 COMPILE_VARIANTS = ("default", "reduce-overhead", "default, first call inside the capture")
+#: ratio-4 layer counts for S0's glue scaling (the other compressed layers ratio 128)
+GLUE_SCALING_COUNTS = (0, 7, 14, 21)
 DEFAULT_BUDGET_S = 540        # of the 600 s one GPU command may run
 
 
@@ -143,14 +145,14 @@ def estimate_step_ms(cfg: ModelConfig, s: Stage, C: int) -> float:
     return n4 * indexer + decode + cfg.num_layers * (0.35 + 0.004 * C)
 
 
-def estimate_stage_s(cfg, s, concurrency, profile_batch) -> float:
+def estimate_stage_s(cfg, s, concurrency, profile_at) -> float:
     """Seconds one stage takes: Triton compiles (~10 s), per C three eager warm-ups + capture +
-    ~max(3, 2 s worth of) replays, and at the profile batch a profiled eager step + 3 replays."""
+    ~max(3, 2 s worth of) replays, and where profiled 3 replays + a profiled eager step."""
     t = 10.0
     for C in concurrency:
         ms = estimate_step_ms(cfg, s, C)
         t += (4 * ms + max(3 * ms, 2000.0)) / 1e3 + 0.5
-        if C == profile_batch:
+        if C in profile_at:
             t += (2 * ms + 3 * ms) / 1e3 + 2.0
     return t
 
@@ -208,6 +210,25 @@ def decode_regions(kp: profile.KernelProfile, br: profile.EagerBreakdown) -> dic
     return out
 
 
+def category_by_region(kp: profile.KernelProfile, br: profile.EagerBreakdown) -> dict:
+    """{region: {category: us}} of one eager step (GPU: kernels by launching region; the
+    interpreter: the CPU rows' regions)."""
+    out = {}
+    if br.regions:
+        for name, regs in br.regions.items():
+            c = profile.classify(name)
+            for reg, us in regs.items():
+                out.setdefault(reg, {}).setdefault(c, 0.0)
+                out[reg][c] += us
+    else:
+        for r in kp.rows:
+            reg = r["name"].split("/")[0]
+            c = profile.classify(r["name"])
+            out.setdefault(reg, {}).setdefault(c, 0.0)
+            out[reg][c] += r["us"]
+    return out
+
+
 def decode_by_kind(per_region: dict, ratios: list) -> list:
     """Rows per layer kind: a dsv4::decode[impl,cR] region holds both decodes of a layer (window +
     compressed cache) and their merge; only decode-category time counts."""
@@ -220,12 +241,37 @@ def decode_by_kind(per_region: dict, ratios: list) -> list:
     return rows
 
 
-def measure_stage(model: Model, s: Stage, concurrency, profile_batch, *, deadline: Deadline, log=print) -> dict:
-    """Step time per C (graph replay on a GPU, eager wall clock on a CPU), profile at profile_batch."""
+def profile_cell(model: Model, fn, run_once, gpu: bool, C: int) -> dict:
+    """The kernel profile of one (stage, C): graph replays by kernel name (GPU; the interpreter:
+    CPU time per region/op), and one eager step for the glue by op and the launching regions."""
+    if gpu:
+        prof, runs = profile.profile_runs(run_once, 3)
+        kp = profile.kernel_profile(prof, runs, "graph replay")
+        if not kp.rows:                                      # no kernel activity seen in graph replays
+            prof, runs = profile.profile_runs(fn, 1)
+            kp = profile.kernel_profile(prof, runs, "eager (graph replays showed no kernels)")
+        br = profile.eager_breakdown(profile.profile_runs(fn, 1)[0])
+    else:
+        kp = profile.cpu_rows(profile.profile_runs(fn, 1)[0], 1)
+        br = profile.cpu_breakdown(kp)
+    kp.regions = br.regions
+    kernels = kp.kernels()
+    return dict(C=C, source=kp.source, runs=kp.runs, total_us=kp.total_us, by_category=kp.by_category(),
+                category_by_region=category_by_region(kp, br),
+                unclassified_share=kp.unclassified_share(), region_mismatches=profile.region_mismatches(kernels),
+                kernels=kernels, decode_by_kind=decode_by_kind(decode_regions(kp, br), model.ratios),
+                glue_ops=dict(source="one eager step" + ("" if gpu else ", CPU time"), total_us=br.total_us,
+                              ops=br.ops, region_us=br.region_us))
+
+
+def measure_stage(model: Model, s: Stage, concurrency, profile_at, *, deadline: Deadline, log=print) -> dict:
+    """Step time per C (graph replay on a GPU, eager wall clock on a CPU); a kernel profile at
+    each C in ``profile_at`` (res["profiles"][str(C)])."""
     gpu = mode() == "cuda"
-    res = dict(stage=s.as_dict(), steps=[], errors=[])
+    res = dict(stage=s.as_dict(), steps=[], errors=[], profiles={})
     for C in concurrency:
         row = dict(C=C)
+        g = out = run_once = None
         try:
             inp = model.inputs(C, s.max_context)
             model.check(inp)
@@ -240,47 +286,73 @@ def measure_stage(model: Model, s: Stage, concurrency, profile_batch, *, deadlin
                     n = 3
                 times = replay_ms(g, n)
                 run_once = g.replay
-            else:
+            else:                                            # the interpreter compiles nothing: no warm-up
                 out = fn()
-                row["warmup_s"] = time.time() - t0
-                t1 = time.perf_counter()
-                out = fn()
-                times = [(time.perf_counter() - t1) * 1e3]
+                times = [(time.time() - t0) * 1e3]
             row.update(step_ms=_median(times), step_ms_all=times, replays=len(times),
                        tok_s=tokens_per_s(C, _median(times)), finite=bool(torch.isfinite(out).all()),
                        how="CUDA-graph replay, CUDA events, median" if gpu else "eager wall clock (interpreter)")
-            if C == profile_batch:
-                if gpu:
-                    prof, runs = profile.profile_runs(run_once, 3)
-                    kp = profile.kernel_profile(prof, runs, "graph replay")
-                    if not kp.rows:                          # no kernel activity seen in graph replays
-                        prof, runs = profile.profile_runs(fn, 1)
-                        kp = profile.kernel_profile(prof, runs, "eager (graph replays showed no kernels)")
-                    br = profile.eager_breakdown(profile.profile_runs(fn, 1)[0])
-                else:
-                    kp = profile.cpu_rows(profile.profile_runs(fn, 1)[0], 1)
-                    br = profile.cpu_breakdown(kp)
-                kp.regions = br.regions
-                kernels = kp.kernels()
-                res["profile"] = dict(C=C, source=kp.source, runs=kp.runs, total_us=kp.total_us,
-                                      by_category=kp.by_category(), unclassified_share=kp.unclassified_share(),
-                                      region_mismatches=profile.region_mismatches(kernels), kernels=kernels)
-                res["glue_ops"] = dict(C=C, source="one eager step" + ("" if gpu else ", CPU time"),
-                                       total_us=br.total_us, ops=br.ops, region_us=br.region_us)
-                res["decode_by_kind"] = decode_by_kind(decode_regions(kp, br), model.ratios)
-            if gpu:
-                del g
+            if C in profile_at:
+                res["profiles"][str(C)] = profile_cell(model, fn, run_once, gpu, C)
         except Exception as e:                               # a failing cell is a row, not the end of the run
             row["error"] = f"{type(e).__name__}: {str(e)[:600]}"
             res["errors"].append(dict(C=C, error=row["error"]))
+        finally:
+            g = out = run_once = None                        # the graph's memory pool goes with it
+            if gpu:
+                torch.cuda.empty_cache()
         res["steps"].append(row)
         log(f"  {s.name} C={C}: " + (f"{row['step_ms']:.2f} ms/step, {row['tok_s']:.1f} tok/s"
                                      if "step_ms" in row else row.get("error", "")))
-        if gpu:
-            torch.cuda.empty_cache()
     ok = [r for r in res["steps"] if "step_ms" in r]
     if len({r["C"] for r in ok}) >= 2:
         res["fit"] = fit_step_time([r["C"] for r in ok], [r["step_ms"] for r in ok])
+    return res
+
+
+def glue_scaling(cfg: ModelConfig, s: Stage, C: int, counts, log=print) -> dict:
+    """Stage ``s`` at concurrency C with n ratio-4 layers for n in ``counts`` (the other compressed
+    layers ratio 128, the same total): kernel time by category from graph replays, and the fit
+    glue = g0 + g1 x n (g1: the glue one ratio-4 layer adds, mostly the indexer's fallback)."""
+    gpu = mode() == "cuda"
+    compressed = cfg.layers_c4 + cfg.layers_c128
+    rows = []
+    for n in counts:
+        if n > compressed:
+            continue
+        row = dict(ratio4_layers=n, ratio128_layers=compressed - n, window_layers=cfg.layers_window, C=C)
+        m = g = run_once = None
+        try:
+            m = Model(replace(cfg, layers_c4=n, layers_c128=compressed - n))
+            inp = m.inputs(C, s.max_context)
+            m.check(inp)
+            fn = lambda: m.step(inp, s)  # noqa: E731
+            if gpu:
+                g, _ = bench.capture(fn)
+                row["step_ms"] = _median(replay_ms(g, 3))
+                run_once = g.replay
+                kp = profile.kernel_profile(profile.profile_runs(run_once, 2)[0], 2, "graph replay")
+            else:                                            # one profiled step (its wall time, profiler included)
+                t = time.perf_counter()
+                kp = profile.cpu_rows(profile.profile_runs(fn, 1)[0], 1)
+                row["step_ms"] = (time.perf_counter() - t) * 1e3
+            cats = kp.by_category()
+            row.update(kernel_ms=kp.total_us / 1e3, glue_ms=cats[profile.GLUE] / 1e3,
+                       fp32_gemm_ms=cats[profile.FP32_GEMM] / 1e3, topk_ms=cats[profile.TOPK] / 1e3)
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        finally:
+            m = g = run_once = None
+            if gpu:
+                torch.cuda.empty_cache()
+        rows.append(row)
+        log(f"  glue scaling {s.name} C={C}, {n} ratio-4 layers: " +
+            (f"glue {row['glue_ms']:.1f} of {row['kernel_ms']:.1f} ms" if "glue_ms" in row else row.get("error", "")))
+    ok = [r for r in rows if "glue_ms" in r]
+    res = dict(stage=s.name, C=C, rows=rows)
+    if len({r["ratio4_layers"] for r in ok}) >= 2:
+        f = fit_step_time([r["ratio4_layers"] for r in ok], [r["glue_ms"] for r in ok])
+        res["fit"] = dict(glue_fixed_ms=f["a_ms"], glue_per_ratio4_layer_ms=f["b_ms"], r2=f["r2"])
     return res
 
 
@@ -444,6 +516,16 @@ def _md(rows, floatfmt=".4g") -> str:
     return "\n".join(lines)
 
 
+def _profile(results: dict, stage_name: str, C: int | None = None) -> dict | None:
+    """A stage's kernel profile at C (default: the story's batch)."""
+    C = results.get("profile_batch", PROFILE_BATCH) if C is None else C
+    return results.get("stages", {}).get(stage_name, {}).get("profiles", {}).get(str(C))
+
+
+#: the story's glue breakdown (share of the glue, after the MMA kernel), data/campaign/story_facts.csv
+STORY_GLUE_OPS = {"aten::copy_": 35.0, "aten::mul": 13.6, "aten::clamp_min": 13.2, "aten::bmm": 10.0, "aten::sum": 7.0}
+
+
 def story_comparison(results: dict) -> list:
     """The story's published figures beside this run's synthetic ones, with what differs."""
     import csv
@@ -453,9 +535,10 @@ def story_comparison(results: dict) -> list:
     prof = {r["kernel"]: r for r in csv.DictReader(open(d / "story_profile.csv"))}
     thr = {int(r["concurrency"]): r for r in csv.DictReader(open(d / "story_throughput.csv"))}
     st = results.get("stages", {})
+    B = results.get("profile_batch", PROFILE_BATCH)
 
     def cat(s, c, share=True):
-        p = st.get(s, {}).get("profile")
+        p = _profile(results, s)
         if not p:
             return None
         v = p["by_category"].get(c, 0.0)
@@ -477,24 +560,24 @@ def story_comparison(results: dict) -> list:
     def ratio(a, b):
         return None if a is None or b is None or not b else a / b
 
-    row = lambda name: prof.get(next((k for k in prof if k.startswith(name)), ""), {})  # noqa: E731
-    here_total = (cat("S0", profile.DECODE, False), cat("S1", profile.DECODE, False))
-    tot = [st.get(s, {}).get("profile", {}).get("total_us") for s in ("S0", "S1")]
+    def row(name):
+        return prof.get(next((k for k in prof if k.startswith(name)), ""), {})
+
+    dec = (cat("S0", profile.DECODE, False), cat("S1", profile.DECODE, False))
+    tot = [(_profile(results, s) or {}).get("total_us") for s in ("S0", "S1")]
     diff = ("story: 8x RTX PRO 6000 Blackwell (sm_120, 188 SMs, GDDR7), the full model with real weights in an "
             "SGLang server (scheduler, collectives, FP4 MoE), kernel time summed over its profiling window; "
             "here: one GPU's share on this device, random weights, no collectives, MoE stand-in, per step "
             "from CUDA-graph replay (see ASSUMPTIONS)")
-    B = PROFILE_BATCH
+    t = row("total")
     out = [
-        dict(figure="total kernel time S0 -> S1 (batch 32)",
-             story=f"{row('total').get('before_ms')} -> {row('total').get('after_ms')} ms "
-                   f"({float(row('total').get('before_ms', 1)) / float(row('total').get('after_ms', 1)):.2f}x)",
-             here=pair(*(t / 1e3 if t else None for t in tot), fmt="{:.1f}") + " ms per step"
+        dict(figure=f"total kernel time S0 -> S1 (batch {B})",
+             story=f"{t.get('before_ms')} -> {t.get('after_ms')} ms "
+                   f"({float(t.get('before_ms') or 1) / float(t.get('after_ms') or 1):.2f}x)",
+             here=pair(*(x / 1e3 if x else None for x in tot), fmt="{:.1f}") + " ms per step"
                   + (f" ({tot[0] / tot[1]:.2f}x)" if all(tot) else "")),
-        dict(figure="sparse-MLA decode kernel time S0 -> S1 (in the model)",
-             story="5350 -> 850 ms (6.3x)",
-             here=pair(*here_total, fmt="{:.2f}") + " ms per step"
-                  + (f" ({here_total[0] / here_total[1]:.1f}x)" if all(here_total) else "")),
+        dict(figure="sparse-MLA decode kernel time S0 -> S1 (in the model)", story="5350 -> 850 ms (6.3x)",
+             here=pair(*dec, fmt="{:.2f}") + " ms per step" + (f" ({dec[0] / dec[1]:.1f}x)" if all(dec) else "")),
     ]
     for c, name in ((profile.DECODE, "sparse-MLA decode"), (profile.FP32_GEMM, "FP32 SIMT GEMM"),
                     (profile.GLUE, "elementwise/copy/reduce glue"), (profile.MOE, "FP4 MoE GEMM")):
@@ -502,25 +585,29 @@ def story_comparison(results: dict) -> list:
         out.append(dict(figure=f"share: {name} S0 -> S1",
                         story=f"{r.get('before_share_pct')}% -> {r.get('after_share_pct')}%",
                         here=pair(cat("S0", c), cat("S1", c), fmt="{:.1f}") + " %"))
+    glue = {o["op"]: 100 * o["share"] for o in ((_profile(results, "S1") or {}).get("glue_ops", {}).get("ops", []))}
+    out.append(dict(figure="glue by op after the MMA kernel (S1; % of glue + FP32 GEMM kernel time)",
+                    story=", ".join(f"{k.removeprefix('aten::')} {v:g}%" for k, v in STORY_GLUE_OPS.items()),
+                    here=", ".join(f"{k.removeprefix('aten::')} {glue.get(k, 0.0):.1f}%" for k in STORY_GLUE_OPS)
+                    if glue else "n/a"))
     for C in (1, 16, 64):
-        t = thr.get(C, {})
-        s_txt = (f"{t.get('before_tok_s')} -> {t.get('after_tok_s')} tok/s ({t.get('change_pct')}%)"
-                 if t.get("before_tok_s") else f"{t.get('change_pct')}% (only the change was published)")
+        r = thr.get(C, {})
+        s_txt = (f"{r.get('before_tok_s')} -> {r.get('after_tok_s')} tok/s ({r.get('change_pct')}%)"
+                 if r.get("before_tok_s") else f"{r.get('change_pct')}% (only the change was published)")
         a, b = tok("S0", C), tok("S1", C)
         out.append(dict(figure=f"throughput C={C}, S0 -> S1", story=s_txt,
                         here=pair(a, b, fmt="{:.1f}") + " tok/s" + (f" ({100 * (b / a - 1):+.0f}%)" if a and b else "")))
     out.append(dict(figure="marginal per-request cost b, S0 -> S1", story="~30 -> ~13 ms",
                     here=pair(fit("S0", "b_ms"), fit("S1", "b_ms"), fmt="{:.2f}") + " ms"))
-    out.append(dict(figure="asymptote 1/b, S0 -> S1", story="~33 -> ~77 tok/s",
+    out.append(dict(figure="asymptote 1000/b, S0 -> S1", story="~33 -> ~77 tok/s",
                     here=pair(fit("S0", "asymptote_tok_s"), fit("S1", "asymptote_tok_s"), fmt="{:.0f}") + " tok/s"))
-    cap = ratio(tok("S0cap", B), tok("S0", B))
-    out.append(dict(figure=f"cap context to 8192: throughput S0cap / S0 (C={B})", story="17.9x",
-                    here="n/a" if cap is None else f"{cap:.1f}x"))
-    c1 = ratio(tok("S1", 1), tok("S0", 1))
-    c1b = ratio(tok("S2", 1), tok("S0", 1))
-    out.append(dict(figure="C=1 regression S0 -> S1 (and S2 / S0)", story="-29% (grid of 2 programs at B=1)",
+    cap = [ratio(tok("S0cap", C), tok("S0", C)) for C in (B, max(results.get("concurrency", [B])))]
+    out.append(dict(figure=f"cap context to 8192: throughput S0cap / S0 (C={B}, C={max(results.get('concurrency', [B]))})",
+                    story="17.9x", here=", ".join("n/a" if x is None else f"{x:.1f}x" for x in cap)))
+    c1, c2 = ratio(tok("S1", 1), tok("S0", 1)), ratio(tok("S2", 1), tok("S0", 1))
+    out.append(dict(figure="C=1: S1 vs S0 (and S2 vs S0) tok/s", story="-29% (S1's grid: 2 programs at B=1)",
                     here="n/a" if c1 is None else f"{100 * (c1 - 1):+.0f}% (S2: "
-                    + ("n/a" if c1b is None else f"{100 * (c1b - 1):+.0f}%") + ")"))
+                    + ("n/a" if c2 is None else f"{100 * (c2 - 1):+.0f}%") + ")"))
     for r in out:
         r["setup differences"] = diff
     return out
@@ -546,93 +633,102 @@ def throughput_lines(ax, results: dict, names):
     return ax
 
 
+def decode_table(results: dict) -> list:
+    """Decode kernel time inside the step, per stage and profiled C: all layers (graph replay) and
+    per layer kind (one eager step's regions: both caches of a layer and the merge's kernels)."""
+    rows = []
+    for n, st in results.get("stages", {}).items():
+        for C, p in sorted(st.get("profiles", {}).items(), key=lambda kv: int(kv[0])):
+            rows.append(dict(stage=n, C=int(C), what="all layers, graph replay", calls=2 * len(results["config"]["layer_ratios"])
+                             - results["config"]["layer_ratios"].count(0), decode_ms=p["by_category"].get(profile.DECODE, 0) / 1e3,
+                             share_pct=100 * p["by_category"].get(profile.DECODE, 0) / p["total_us"] if p["total_us"] else 0))
+            for r in p.get("decode_by_kind", []):
+                rows.append(dict(stage=n, C=int(C), what=f"per {r['layer_kind']} layer (eager)", calls=r["layers"],
+                                 decode_ms=r["decode_us_per_layer"] / 1e3))
+    return rows
+
+
 def write_outputs(out: Path, results: dict, quick: bool):
     """reproduce.json, tables.md, throughput.csv, profile.csv, kernels.json, two PNGs and one
-    .tar.gz of everything (at most 8 files, one folder)."""
+    .tar.gz of everything (at most 8 files, one folder; the smaller CSVs only in the .tar.gz)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import pandas as pd
 
     st = results.get("stages", {})
+    B = results["profile_batch"]
     order = [s.name for s in STAGES if s.name in st]
+    main = {n: _profile(results, n) for n in order if _profile(results, n)}
     thr = [dict(stage=n, C=r["C"], step_ms=r.get("step_ms"), tok_s=r.get("tok_s"), replays=r.get("replays"),
                 finite=r.get("finite"), error=r.get("error")) for n in order for r in st[n]["steps"]]
     fits = [dict(stage=n, **st[n]["fit"]) for n in order if st[n].get("fit")]
-    prof_rows = [dict(stage=n, category=c, ms=us / 1e3, share_pct=100 * us / st[n]["profile"]["total_us"])
-                 for n in order if st[n].get("profile") for c, us in st[n]["profile"]["by_category"].items()]
-    per_stage_cat = {n: st[n]["profile"]["by_category"] for n in order if st[n].get("profile")}
-    trans = []
-    for a, b in TRANSITIONS:
-        if a in per_stage_cat and b in per_stage_cat:
-            trans.append((a, b, profile.transition_table(per_stage_cat[a], per_stage_cat[b], a, b)))
-    glue = [dict(stage=n, **o) for n in order for o in st[n].get("glue_ops", {}).get("ops", [])[:12]]
-    dec = [dict(stage=n, **r) for n in order for r in st[n].get("decode_by_kind", [])]
-    for n in order:
-        p = st[n].get("profile")
-        if p:
-            dec.append(dict(stage=n, region="(graph replay, all layers)", layer_kind="all",
-                            layers=len(results["config"]["layer_ratios"]),
-                            decode_us_all_layers=p["by_category"].get(profile.DECODE, 0.0)))
+    prof_rows = [dict(stage=n, C=p["C"], category=c, ms=us / 1e3, share_pct=100 * us / p["total_us"] if p["total_us"] else 0)
+                 for n in order for p in st[n].get("profiles", {}).values() for c, us in p["by_category"].items()]
+    per_stage_cat = {n: p["by_category"] for n, p in main.items()}
+    trans = [(a, b, profile.transition_table(per_stage_cat[a], per_stage_cat[b], a, b))
+             for a, b in TRANSITIONS if a in per_stage_cat and b in per_stage_cat]
+    glue = [dict(stage=n, **o) for n, p in main.items() for o in p["glue_ops"]["ops"][:12]]
+    dec = decode_table(results)
     story = story_comparison(results)
+    gs = results.get("glue_scaling", {})
     results["tables"] = dict(throughput=thr, fits=fits, profile=prof_rows, glue_ops=glue, decode=dec,
                              transitions=[dict(before=a, after=b, rows=t) for a, b, t in trans], story=story)
-    kernels = {n: dict(source=st[n]["profile"]["source"], C=st[n]["profile"]["C"], kernels=st[n]["profile"]["kernels"])
-               for n in order if st[n].get("profile")}
-    files = {}
-    files["reproduce.json"] = out / "reproduce.json"
-    bench.save(files["reproduce.json"], {k: v for k, v in results.items()})
-    files["kernels.json"] = out / "kernels.json"
-    bench.save(files["kernels.json"], dict(device=results["environment"]["device"], torch=results["environment"]["torch"],
-                                           rules=profile.RULES, stages=kernels))
-    files["throughput.csv"] = out / "throughput.csv"
+    files = {"reproduce.json": out / "reproduce.json", "kernels.json": out / "kernels.json",
+             "throughput.csv": out / "throughput.csv", "profile.csv": out / "profile.csv",
+             "tables.md": out / "tables.md", "profile_shift.png": out / "profile_shift.png",
+             "throughput.png": out / "throughput.png"}
+    bench.save(files["reproduce.json"], results)
+    bench.save(files["kernels.json"], dict(
+        device=results["environment"]["device"], torch=results["environment"]["torch"], rules=profile.RULES,
+        stages={n: {C: dict(source=p["source"], kernels=p["kernels"], region_mismatches=p["region_mismatches"])
+                    for C, p in st[n].get("profiles", {}).items()} for n in order}))
     pd.DataFrame(thr).to_csv(files["throughput.csv"], index=False)
-    files["profile.csv"] = out / "profile.csv"
     pd.DataFrame(prof_rows).to_csv(files["profile.csv"], index=False)
     extra = {"fits.csv": fits, "transitions.csv": [dict(before=a, after=b, **r) for a, b, t in trans for r in t],
              "glue_ops.csv": glue, "decode.csv": dec, "story_vs_here.csv": story,
-             "isolated_decode.csv": results.get("isolated_decode", [])}
+             "glue_scaling.csv": gs.get("rows", []), "isolated_decode.csv": results.get("isolated_decode", [])}
     unit = "ms of CPU time (interpreter: meaningless as GPU time)" if results["mode"] != "cuda" else "ms"
+    cfg = results["config"]
     md = [f"# Campaign replay on {results['environment']['device']['name']} ({results['environment']['date']})",
-          "", f"Config: {results['config']['name']}; layers {results['config']['layer_ratios'].count(0)} window-only, "
-          f"{results['config']['layer_ratios'].count(4)} ratio-4, {results['config']['layer_ratios'].count(128)} ratio-128; "
-          f"live context {results['config']['live_context']}, max context {results['config']['max_context']}. "
-          f"Units: {unit}." + (" QUICK (CPU preset)." if quick else ""), "",
-          "## Stages", "", _md([dict(stage=s.name, title=s.title, decode=s.decode_impl, indexer=s.indexer_impl,
-                                     mhc=s.mhc_gemm, max_context=s.max_context or "config") for s in STAGES if s.name in st]),
+          "", f"Config: {cfg['name']}; layers {cfg['layer_ratios'].count(0)} window-only, "
+          f"{cfg['layer_ratios'].count(4)} ratio-4, {cfg['layer_ratios'].count(128)} ratio-128; live context "
+          f"{cfg['live_context']}, max context {cfg['max_context']}. Units: {unit}." + (" QUICK (CPU preset)." if quick else ""),
+          "", "## Stages", "", _md([dict(stage=s.name, title=s.title, decode=s.decode_impl, indexer=s.indexer_impl,
+                                          mhc=s.mhc_gemm, max_context=s.max_context or "config")
+                                     for s in STAGES if s.name in st]),
           "", "## Throughput (step = one token per request)", "", _md(thr), "", "## Fit: step_ms = a + b x C", "",
-          _md(fits), "", f"## Kernel time by category at C = {results['profile_batch']}", "", _md(prof_rows)]
+          _md(fits), "", "## Kernel time by category", "", _md(prof_rows)]
     for a, b, t in trans:
-        md += ["", f"## {a} -> {b}", "", _md(t, ".4g")]
-    md += ["", "## Glue breakdown by op (eager step; glue + FP32 GEMM kernels; top 12)", "", _md(glue),
+        md += ["", f"## {a} -> {b} (C = {B})", "", _md(t, ".4g")]
+    md += ["", f"## Glue breakdown by op (one eager step at C = {B}; glue + FP32 GEMM kernels; top 12)", "", _md(glue),
            "", "## Decode kernel time inside the step", "", _md(dec),
            "", "## Isolated decode calls (one call per CUDA graph)", "", _md(results.get("isolated_decode", [])),
+           "", f"## S0's glue vs the number of ratio-4 layers (C = {gs.get('C')})", "", _md(gs.get("rows", [])),
+           "", _md([gs["fit"]]) if gs.get("fit") else "",
            "", "## The story beside this run", "", _md(story),
            "", "## torch.compile lesson", "", _md(results.get("compile_lesson", {}).get("variants", [])),
            "", "## The classifier: unclassified share, and kernels launched where their category says they cannot be",
-           "", _md([dict(stage=n, unclassified_pct=100 * st[n]["profile"]["unclassified_share"],
-                         region_mismatches=len(st[n]["profile"]["region_mismatches"]))
-                    for n in order if st[n].get("profile")]),
-           "", "## Assumptions", "", assumptions_markdown(), ""]
-    files["tables.md"] = out / "tables.md"
+           "", _md([dict(stage=n, C=p["C"], unclassified_pct=100 * p["unclassified_share"],
+                         region_mismatches=len(p["region_mismatches"]))
+                    for n in order for p in st[n].get("profiles", {}).values()]),
+           "", "## Skipped", "", _md(results.get("skipped", [])), "", "## Assumptions", "", assumptions_markdown(), ""]
     files["tables.md"].write_text("\n".join(md))
     fig, axes = plt.subplots(1, 2, figsize=(14, 4.8))
-    profile.category_bars(axes[0], per_stage_cat, title=f"kernel time per step at C={results['profile_batch']} ({unit})")
+    profile.category_bars(axes[0], per_stage_cat, title=f"kernel time per step at C={B} ({unit})")
     profile.category_bars(axes[1], per_stage_cat, share=True, title="share of kernel time")
     if axes[0].get_legend() is not None:
         axes[0].get_legend().remove()
     fig.tight_layout()
-    files["profile_shift.png"] = out / "profile_shift.png"
     fig.savefig(files["profile_shift.png"], dpi=110)
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     throughput_lines(ax, results, order)
     ax.set_title("tokens/s vs concurrency (markers measured, lines: the a + b C fit)", fontsize=9)
     fig.tight_layout()
-    files["throughput.png"] = out / "throughput.png"
     fig.savefig(files["throughput.png"], dpi=110)
     plt.close(fig)
-    tar = out / "reproduce.tar.gz"                   # everything, with the extra CSVs only here
+    tar = out / "reproduce.tar.gz"                   # everything, with the smaller CSVs only here
     with tarfile.open(tar, "w:gz") as t:
         for p in files.values():
             t.add(p, arcname=f"reproduce/{p.name}")
@@ -659,6 +755,8 @@ def main(out="reproduce", quick: bool = False, stages=None, budget_s: float | No
     cfg = CPU_MODEL if (quick or not gpu) else DSV4_FLASH_TP8
     concurrency = CONCURRENCY_CPU if cfg is CPU_MODEL else CONCURRENCY
     profile_batch = PROFILE_BATCH_CPU if cfg is CPU_MODEL else PROFILE_BATCH
+    profile_at = (1, profile_batch)               # the story's batch, and C = 1 (its regression)
+    scaling_counts = (0, 2) if cfg is CPU_MODEL else GLUE_SCALING_COUNTS
     names = list(stages) if stages else [s.name for s in STAGES]
     todo = [stage_for(stage(n), cfg) for n in names]
     deadline = Deadline(budget_s or (DEFAULT_BUDGET_S if gpu else 1e9))
@@ -667,19 +765,24 @@ def main(out="reproduce", quick: bool = False, stages=None, budget_s: float | No
     results = dict(environment=bench.environment(), mode=mode(), quick=quick, config=cfg.as_dict(),
                    assumptions=[dict(topic=t, replay=r, source=s) for t, r, s in ASSUMPTIONS],
                    stages_run=[s.as_dict() for s in todo], concurrency=list(concurrency), profile_batch=profile_batch,
-                   budget_s=deadline.budget_s, stages={}, skipped=[])
-    # the budget, up front
-    est = {s.name: estimate_stage_s(cfg, s, concurrency, profile_batch) for s in todo} if gpu else {}
-    plan = dict(setup_s=20.0 if gpu else 2.0, stages_s=est, isolated_decode_s=25.0 if gpu else 0.0,
-                compile_lesson_s=180.0 if (gpu and compile_glue) else 0.0, outputs_s=10.0)
+                   profiled_at=list(profile_at), budget_s=deadline.budget_s, stages={}, skipped=[])
+    # the budget, up front (GPU estimates; the run adapts its repeats and skips what no longer fits)
+    s0 = stage_for(stage("S0"), cfg)
+    est = {s.name: estimate_stage_s(cfg, s, concurrency, profile_at) for s in todo} if gpu else {}
+    plan = dict(setup_s=20.0, stages_s=est,
+                glue_scaling_s=sum(8.0 + 8 * estimate_step_ms(replace(cfg, layers_c4=n), s0, profile_batch) / 1e3
+                                   for n in scaling_counts) if gpu else 0.0,
+                isolated_decode_s=25.0 if gpu else 0.0, compile_lesson_s=200.0 if (gpu and compile_glue) else 0.0,
+                outputs_s=10.0)
     results["budget_plan"] = plan
     if gpu:
-        log(f"time budget (estimates, H200; the run stops adding work at {deadline.budget_s:.0f} s):")
-        for k, v in [("setup", plan["setup_s"])] + list(est.items()) + [
-                ("isolated decode", plan["isolated_decode_s"]), ("compile lesson", plan["compile_lesson_s"]),
-                ("outputs", plan["outputs_s"])]:
+        log(f"time budget (estimates for an H200; no new work starts after {deadline.budget_s:.0f} s):")
+        parts = [("setup", plan["setup_s"])] + list(est.items()) + [
+            ("glue scaling", plan["glue_scaling_s"]), ("isolated decode", plan["isolated_decode_s"]),
+            ("compile lesson", plan["compile_lesson_s"]), ("outputs", plan["outputs_s"])]
+        for k, v in parts:
             log(f"  {k:>16}: {v:6.0f} s")
-        log(f"  {'total':>16}: {plan['setup_s'] + sum(est.values()) + plan['isolated_decode_s'] + plan['compile_lesson_s'] + plan['outputs_s']:6.0f} s")
+        log(f"  {'total':>16}: {sum(v for _, v in parts):6.0f} s")
     t0 = time.time()
     model = Model(cfg)
     results["setup_s"] = time.time() - t0
@@ -694,17 +797,22 @@ def main(out="reproduce", quick: bool = False, stages=None, budget_s: float | No
             log(f"skip {s.name}: budget")
             continue
         t1 = time.time()
-        results["stages"][s.name] = measure_stage(model, s, concurrency, profile_batch, deadline=deadline, log=log)
+        results["stages"][s.name] = measure_stage(model, s, concurrency, profile_at, deadline=deadline, log=log)
         results["stages"][s.name]["seconds"] = time.time() - t1
         bench.save(out / "reproduce.json", results)          # partial results survive a kill
-    if gpu:
-        if deadline.left() > reserve + plan["isolated_decode_s"]:
-            results["isolated_decode"] = isolated_decode(model, log=log)
-        else:
-            results["skipped"].append(dict(part="isolated decode", reason="budget"))
+    if gpu and deadline.left() > reserve + plan["isolated_decode_s"]:
+        results["isolated_decode"] = isolated_decode(model, log=log)
+    elif gpu:
+        results["skipped"].append(dict(part="isolated decode", reason="budget"))
     del model
     if gpu:
         torch.cuda.empty_cache()
+    if not gpu or deadline.left() > reserve + plan["glue_scaling_s"]:
+        results["glue_scaling"] = glue_scaling(cfg, s0, profile_batch, scaling_counts, log=log)
+        bench.save(out / "reproduce.json", results)
+    else:
+        results["skipped"].append(dict(part="glue scaling", reason="budget"))
+    if gpu:
         left = deadline.left() - reserve
         if compile_glue and left > 90:
             results["compile_lesson"] = _run_compile_lesson(out, timeout_s=min(300.0, left), log=log)

@@ -1,5 +1,5 @@
 """The replay's pieces (dsv4lab.replay): the stages, the throughput fit, the story table, and
-``python -m dsv4lab reproduce --quick`` end to end on two stages (Triton interpreter, ~25 s)."""
+``python -m dsv4lab reproduce --quick`` end to end on two stages (Triton interpreter, ~30 s)."""
 import json
 import tarfile
 
@@ -51,14 +51,19 @@ def test_estimates_rank_the_stages_like_the_story():
 
 def test_story_comparison_names_its_differences():
     prof = {"total_us": 1000.0, "by_category": {"sparse-MLA decode": 600.0}}
-    res = {"stages": {"S0": {"profile": prof, "steps": [{"C": 1, "tok_s": 10.0}], "fit": {"b_ms": 30, "asymptote_tok_s": 33}},
-                      "S1": {"profile": dict(prof, total_us=500.0, by_category={"sparse-MLA decode": 100.0}),
-                             "steps": [{"C": 1, "tok_s": 8.0}], "fit": {"b_ms": 13, "asymptote_tok_s": 77}}}}
+    p1 = dict(prof, total_us=500.0, by_category={"sparse-MLA decode": 100.0},
+              glue_ops={"ops": [{"op": "aten::copy_", "share": 0.4}]})
+    res = {"profile_batch": 32, "concurrency": [1, 32],
+           "stages": {"S0": {"profiles": {"32": prof}, "steps": [{"C": 1, "tok_s": 10.0}],
+                             "fit": {"b_ms": 30, "asymptote_tok_s": 33}},
+                      "S1": {"profiles": {"32": p1}, "steps": [{"C": 1, "tok_s": 8.0}],
+                             "fit": {"b_ms": 13, "asymptote_tok_s": 77}}}}
     rows = R.story_comparison(res)
     assert rows and all("setup differences" in r for r in rows)
     by = {r["figure"]: r for r in rows}
     assert by["sparse-MLA decode kernel time S0 -> S1 (in the model)"]["here"].endswith("(6.0x)")
     assert "-20%" in by["throughput C=1, S0 -> S1"]["here"]
+    assert by["glue by op after the MMA kernel (S1; % of glue + FP32 GEMM kernel time)"]["here"].startswith("copy_ 40.0%")
 
 
 def test_reproduce_quick_writes_what_it_promises(tmp_path):
@@ -71,12 +76,16 @@ def test_reproduce_quick_writes_what_it_promises(tmp_path):
     assert set(res["stages"]) == {"S0", "S4"} and res["environment"]["device"]["mode"] == "interpret"
     for st in res["stages"].values():
         assert [r["C"] for r in st["steps"]] == list(R.CONCURRENCY_CPU) and all(r["finite"] for r in st["steps"])
-        assert st["profile"]["C"] == R.PROFILE_BATCH_CPU and st["glue_ops"]["ops"] and "fit" in st
+        assert set(st["profiles"]) == {"1", str(R.PROFILE_BATCH_CPU)} and "fit" in st
+        assert st["profiles"][str(R.PROFILE_BATCH_CPU)]["glue_ops"]["ops"]
     t = res["tables"]
     assert [(x["before"], x["after"]) for x in t["transitions"]] == [("S0", "S4")]
     assert t["story"] and t["decode"]
+    gs = res["glue_scaling"]
+    assert [r["ratio4_layers"] for r in gs["rows"]] == [0, 2] and "glue_per_ratio4_layer_ms" in gs["fit"]
     md = (out / "tables.md").read_text()
-    for head in ("## Throughput", "## S0 -> S4", "## Glue breakdown", "## The story beside this run", "## Assumptions"):
+    for head in ("## Throughput", "## S0 -> S4", "## Glue breakdown", "## The story beside this run", "## Assumptions",
+                 "## S0's glue vs the number of ratio-4 layers"):
         assert head in md
     with tarfile.open(out / "reproduce.tar.gz") as tf:
         members = {m.name.split("/", 1)[1] for m in tf.getmembers()}
