@@ -42,6 +42,7 @@ from torch.profiler import record_function
 
 from . import api
 from .cache import HEAD_DIM, IndexKCache, KVCache, pack_index_k, pack_kv, page_bytes
+from .config import DSV4_FLASH as _F
 from .device import torch_device
 from .kernels.common import dot_dtype
 from .merged_decode import flash_mla_sparse_decode
@@ -62,39 +63,39 @@ class ModelConfig:
 
     Global sizes are the model's; ``tp``/``ep`` say how a GPU's share is cut from them."""
     name: str = "DeepSeek-V4-Flash, one GPU of 8 (attention TP 8, MoE EP 8)"
-    hidden: int = 4096
-    vocab: int = 129_280
+    hidden: int = _F.hidden
+    vocab: int = _F.vocab
     tp: int = 8                      # attention tensor parallel: heads, o groups, vocab
     ep: int = 8                      # expert parallel: experts per GPU = experts / ep
-    heads: int = 64
+    heads: int = _F.heads
     kernel_heads: int = 64           # SGLang pads each GPU's heads to 64 for the decode kernels
-    head_dim: int = HEAD_DIM
-    rope_dim: int = 64
-    q_lora_rank: int = 1024
-    o_lora_rank: int = 1024
-    o_groups: int = 8
-    index_heads: int = 64
-    index_dim: int = 128
-    index_topk: int = 512
-    window: int = 128                # sliding window (tokens)
-    layers_window: int = 2           # compress ratio 0: window only
+    head_dim: int = _F.head_dim
+    rope_dim: int = _F.rope_dim
+    q_lora_rank: int = _F.q_lora_rank
+    o_lora_rank: int = _F.o_lora_rank
+    o_groups: int = _F.o_groups
+    index_heads: int = _F.index_heads
+    index_dim: int = _F.index_dim
+    index_topk: int = _F.topk
+    window: int = _F.sliding_window
+    layers_window: int = 2           # compress ratio 0: window only        (2 + 21 + 20 = the model's 43)
     layers_c4: int = 21              # ratio 4: compressed cache + the indexer's top-512
     layers_c128: int = 20            # ratio 128: every compressed token
-    hc_mult: int = 4
-    sinkhorn_iters: int = 20
+    hc_mult: int = _F.hc_mult
+    sinkhorn_iters: int = _F.hc_sinkhorn_iters
     hc_eps: float = 1e-6
     rms_eps: float = 1e-6
-    experts: int = 256
-    active_experts: int = 6
-    moe_intermediate: int = 2048
+    experts: int = _F.moe_experts
+    active_experts: int = _F.moe_active
+    moe_intermediate: int = _F.moe_intermediate
     routed_scale: float = 1.5
     moe_weight_bits: float = 4.25    # MXFP4: 4-bit values + one UE8M0 byte per 32; 16 = bf16
     rope_theta: float = 10_000.0     # window-only layers
     compress_rope_theta: float = 40_000.0   # compressed layers
     ring_c4: int = 8                 # compressor state ring (SGLang: 8 for ratio 4, 128 for ratio 128)
     ring_c128: int = 128
-    live_context: int = 8192         # tokens each request holds
-    max_context: int = 1_048_576     # the served maximum (sizes the indexer's fallback and the c128 table)
+    live_context: int = _F.context   # tokens each request holds
+    max_context: int = _F.max_context  # the served maximum (sizes the indexer's fallback and the c128 table)
     max_batch: int = 64              # caches are built for this many requests
     share_weights: bool = True       # one weight set per layer kind (caches are always per layer)
     seed: int = 0
