@@ -306,7 +306,6 @@ class Stage:
     indexer_impl: str                 # dsv4lab.impls("indexer_topk")
     mhc_gemm: str = "float32"         # dtype of the mHC pre-linear (and head) GEMM: "float32" or "bfloat16"
     max_context: int | None = None    # None: the config's; an int caps the served context (the story's variant)
-    compile_glue: str | None = None   # a torch.compile mode for the glue functions (the torch.compile lesson)
 
     def __post_init__(self):
         if self.mhc_gemm not in ("float32", "bfloat16"):

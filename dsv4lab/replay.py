@@ -310,6 +310,11 @@ def measure_stage(model: Model, s: Stage, concurrency, profile_at, *, deadline: 
     return res
 
 
+def _with_ratio4(cfg: ModelConfig, n: int) -> ModelConfig:
+    """cfg with n ratio-4 layers, the rest of its compressed layers ratio 128."""
+    return replace(cfg, layers_c4=n, layers_c128=cfg.layers_c4 + cfg.layers_c128 - n)
+
+
 def glue_scaling(cfg: ModelConfig, s: Stage, C: int, counts, log=print) -> dict:
     """Stage ``s`` at concurrency C with n ratio-4 layers for n in ``counts`` (the other compressed
     layers ratio 128, the same total): kernel time by category from graph replays, and the fit
@@ -323,7 +328,7 @@ def glue_scaling(cfg: ModelConfig, s: Stage, C: int, counts, log=print) -> dict:
         row = dict(ratio4_layers=n, ratio128_layers=compressed - n, window_layers=cfg.layers_window, C=C)
         m = g = run_once = None
         try:
-            m = Model(replace(cfg, layers_c4=n, layers_c128=compressed - n))
+            m = Model(_with_ratio4(cfg, n))
             inp = m.inputs(C, s.max_context)
             m.check(inp)
             fn = lambda: m.step(inp, s)  # noqa: E731
@@ -746,17 +751,19 @@ def write_outputs(out: Path, results: dict, quick: bool):
 # ---------------------------------------------------------------------------------------------
 
 def main(out="reproduce", quick: bool = False, stages=None, budget_s: float | None = None,
-         compile_glue: bool = True, log=print) -> dict:
-    """Run the replay and write its files to ``out``; returns the results dict."""
+         compile_glue: bool = True, config: dict | None = None, log=print) -> dict:
+    """Run the replay and write its files to ``out``; returns the results dict. ``config``:
+    ModelConfig fields to change (e.g. the layer mix, live_context)."""
     from tqdm.auto import tqdm
     gpu = mode() == "cuda"
     if quick and gpu:
         log("--quick on a GPU: the CPU preset's small shapes, compiled kernels")
-    cfg = CPU_MODEL if (quick or not gpu) else DSV4_FLASH_TP8
-    concurrency = CONCURRENCY_CPU if cfg is CPU_MODEL else CONCURRENCY
-    profile_batch = PROFILE_BATCH_CPU if cfg is CPU_MODEL else PROFILE_BATCH
+    small = quick or not gpu
+    cfg = replace(CPU_MODEL if small else DSV4_FLASH_TP8, **(config or {}))
+    concurrency = CONCURRENCY_CPU if small else CONCURRENCY
+    profile_batch = PROFILE_BATCH_CPU if small else PROFILE_BATCH
     profile_at = (1, profile_batch)               # the story's batch, and C = 1 (its regression)
-    scaling_counts = (0, 2) if cfg is CPU_MODEL else GLUE_SCALING_COUNTS
+    scaling_counts = (0, 2) if small else GLUE_SCALING_COUNTS
     names = list(stages) if stages else [s.name for s in STAGES]
     todo = [stage_for(stage(n), cfg) for n in names]
     deadline = Deadline(budget_s or (DEFAULT_BUDGET_S if gpu else 1e9))
@@ -770,7 +777,7 @@ def main(out="reproduce", quick: bool = False, stages=None, budget_s: float | No
     s0 = stage_for(stage("S0"), cfg)
     est = {s.name: estimate_stage_s(cfg, s, concurrency, profile_at) for s in todo} if gpu else {}
     plan = dict(setup_s=20.0, stages_s=est,
-                glue_scaling_s=sum(8.0 + 8 * estimate_step_ms(replace(cfg, layers_c4=n), s0, profile_batch) / 1e3
+                glue_scaling_s=sum(8.0 + 8 * estimate_step_ms(_with_ratio4(cfg, n), s0, profile_batch) / 1e3
                                    for n in scaling_counts) if gpu else 0.0,
                 isolated_decode_s=25.0 if gpu else 0.0, compile_lesson_s=200.0 if (gpu and compile_glue) else 0.0,
                 outputs_s=10.0)
