@@ -31,8 +31,7 @@ captures its decode.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -677,17 +676,15 @@ class Model:
 
     def check(self, inp: StepInputs):
         """The argument checks the step skips (they read the GPU): once per batch, outside capture."""
-        for lw, c in zip(self.weights, self.caches):
-            if c.index is not None:
-                q = torch.zeros(inp.B, self.cfg.index_heads, self.cfg.index_dim, dtype=torch.bfloat16,
-                                device=self.device)
-                w = torch.zeros(inp.B, self.cfg.index_heads, device=self.device)
-                api.check_indexer_args(q, c.index, w, inp.c4_len, inp.page_table, inp.index_max_seq_len)
-                break
+        cfg = self.cfg
         for c in self.caches:
             api.check_sparse_decode_args(inp.q_pad, c.window, inp.window_idx, inp.window_len, None, None)
             if c.ratio == 128:
                 api.check_sparse_decode_args(inp.q_pad, c.compressed, inp.c128_idx, inp.c128_len, None, None)
+            if c.ratio == 4:
+                q = torch.zeros(inp.B, cfg.index_heads, cfg.index_dim, dtype=torch.bfloat16, device=self.device)
+                w = torch.zeros(inp.B, cfg.index_heads, device=self.device)
+                api.check_indexer_args(q, c.index, w, inp.c4_len, inp.page_table, inp.index_max_seq_len)
 
     # --- the step ----------------------------------------------------------------------------
     def use_glue(self, fns: dict | None = None):
@@ -817,7 +814,7 @@ class Model:
 
 
 def weight_bytes(model: Model) -> dict:
-    """Bytes of weights one step reads per layer kind (experts: the stand-in's, at batch 1 and 64)."""
+    """Weight bytes per layer kind: the dense ones a step reads, and one stand-in expert's."""
     out = {}
     for lw in {id(w): w for w in model.weights}.values():
         dense = sum(v.numel() * v.element_size() for k, v in vars(lw).items()

@@ -40,8 +40,8 @@ import torch
 
 from . import bench, profile
 from .device import mode
-from .model import (CPU_MODEL, DSV4_FLASH_TP8, GLUE, Model, ModelConfig, Stage, assumptions_markdown,
-                    ASSUMPTIONS)
+from .model import (ASSUMPTIONS, CPU_MODEL, DSV4_FLASH_TP8, GLUE, Model, ModelConfig, Stage,
+                    assumptions_markdown, weight_bytes)
 
 #: the campaign's stages, cumulative; variants at the end
 STAGES = (
@@ -793,6 +793,7 @@ def main(out="reproduce", quick: bool = False, stages=None, budget_s: float | No
     t0 = time.time()
     model = Model(cfg)
     results["setup_s"] = time.time() - t0
+    results["weight_bytes"] = weight_bytes(model)
     log(f"model built in {results['setup_s']:.1f} s: {cfg.num_layers} layers, C in {concurrency}")
     reserve = plan["outputs_s"] + 15
     if not gpu and todo:                 # one untimed step first: the interpreter's and torch's one-time costs

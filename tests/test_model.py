@@ -11,18 +11,16 @@ host sync inside the step, shapes fixed per batch). On a GPU (``pytest -m gpu``)
 captured in a CUDA graph and replayed on changed cache contents.
 """
 import contextlib
-import math
 from dataclasses import replace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-import dsv4lab
 from dsv4lab import model as M
 from dsv4lab import reference
 from dsv4lab.cache import pack_kv
-from dsv4lab.model import CPU_MODEL, DSV4_FLASH_TP8, Model, ModelConfig, Stage
+from dsv4lab.model import CPU_MODEL, DSV4_FLASH_TP8, Model, Stage
 from dsv4lab.testing import OUT_TOL, rel_err
 
 S0 = Stage("S0", "test", decode_impl="sglang", indexer_impl="torch_fp32")

@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from dsv4lab import profile as P
 from dsv4lab.model import CPU_MODEL, Model, Stage
