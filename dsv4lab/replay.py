@@ -147,13 +147,16 @@ def estimate_step_ms(cfg: ModelConfig, s: Stage, C: int) -> float:
 
 def estimate_stage_s(cfg, s, concurrency, profile_at) -> float:
     """Seconds one stage takes: Triton compiles (~10 s), per C three eager warm-ups + capture +
-    ~max(3, 2 s worth of) replays, and where profiled 3 replays + a profiled eager step."""
+    ~max(3, 2 s worth of) replays; where profiled 3 replays (~1.5 s to read the profile) and, at
+    the last profiled C, a profiled eager step (~4 s to read)."""
     t = 10.0
     for C in concurrency:
         ms = estimate_step_ms(cfg, s, C)
         t += (4 * ms + max(3 * ms, 2000.0)) / 1e3 + 0.5
         if C in profile_at:
-            t += (2 * ms + 3 * ms) / 1e3 + 2.0
+            t += 3 * ms / 1e3 + 1.5
+        if C == profile_at[-1]:
+            t += 2 * ms / 1e3 + 4.0
     return t
 
 
@@ -204,8 +207,8 @@ def decode_regions(kp: profile.KernelProfile, br: profile.EagerBreakdown) -> dic
                         out[reg] = out.get(reg, 0.0) + us
     else:
         for r in kp.rows:
-            if profile.classify(r["name"]) == profile.DECODE:
-                reg = r["name"].split("/")[0]
+            reg = r["name"].split("/")[0]
+            if reg.startswith("dsv4::decode[") and profile.classify(r["name"]) == profile.DECODE:
                 out[reg] = out.get(reg, 0.0) + r["us"]
     return out
 
@@ -223,9 +226,10 @@ def category_by_region(kp: profile.KernelProfile, br: profile.EagerBreakdown) ->
     else:
         for r in kp.rows:
             reg = r["name"].split("/")[0]
-            c = profile.classify(r["name"])
-            out.setdefault(reg, {}).setdefault(c, 0.0)
-            out[reg][c] += r["us"]
+            if reg.startswith("dsv4::"):                    # the interpreter's rows
+                c = profile.classify(r["name"])
+                out.setdefault(reg, {}).setdefault(c, 0.0)
+                out[reg][c] += r["us"]
     return out
 
 
@@ -241,16 +245,18 @@ def decode_by_kind(per_region: dict, ratios: list) -> list:
     return rows
 
 
-def profile_cell(model: Model, fn, run_once, gpu: bool, C: int) -> dict:
+def profile_cell(model: Model, fn, run_once, gpu: bool, C: int, eager: bool = True) -> dict:
     """The kernel profile of one (stage, C): graph replays by kernel name (GPU; the interpreter:
-    CPU time per region/op), and one eager step for the glue by op and the launching regions."""
+    CPU time per region/op), and with ``eager`` one eager step for the glue by op and the
+    kernels' launching regions (decode time per layer kind, the classifier's region check)."""
     if gpu:
         prof, runs = profile.profile_runs(run_once, 3)
         kp = profile.kernel_profile(prof, runs, "graph replay")
         if not kp.rows:                                      # no kernel activity seen in graph replays
             prof, runs = profile.profile_runs(fn, 1)
             kp = profile.kernel_profile(prof, runs, "eager (graph replays showed no kernels)")
-        br = profile.eager_breakdown(profile.profile_runs(fn, 1)[0])
+        br = (profile.eager_breakdown(profile.profile_runs(fn, 1)[0]) if eager
+              else profile.EagerBreakdown([], {}, {}, 0.0))
     else:
         kp = profile.cpu_rows(profile.profile_runs(fn, 1)[0], 1)
         br = profile.cpu_breakdown(kp)
@@ -266,7 +272,7 @@ def profile_cell(model: Model, fn, run_once, gpu: bool, C: int) -> dict:
 
 def measure_stage(model: Model, s: Stage, concurrency, profile_at, *, deadline: Deadline, log=print) -> dict:
     """Step time per C (graph replay on a GPU, eager wall clock on a CPU); a kernel profile at
-    each C in ``profile_at`` (res["profiles"][str(C)])."""
+    each C in ``profile_at`` (res["profiles"][str(C)]), with the eager step at the last of them."""
     gpu = mode() == "cuda"
     res = dict(stage=s.as_dict(), steps=[], errors=[], profiles={})
     for C in concurrency:
@@ -293,7 +299,7 @@ def measure_stage(model: Model, s: Stage, concurrency, profile_at, *, deadline: 
                        tok_s=tokens_per_s(C, _median(times)), finite=bool(torch.isfinite(out).all()),
                        how="CUDA-graph replay, CUDA events, median" if gpu else "eager wall clock (interpreter)")
             if C in profile_at:
-                res["profiles"][str(C)] = profile_cell(model, fn, run_once, gpu, C)
+                res["profiles"][str(C)] = profile_cell(model, fn, run_once, gpu, C, eager=C == profile_at[-1])
         except Exception as e:                               # a failing cell is a row, not the end of the run
             row["error"] = f"{type(e).__name__}: {str(e)[:600]}"
             res["errors"].append(dict(C=C, error=row["error"]))

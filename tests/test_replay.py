@@ -66,9 +66,15 @@ def test_story_comparison_names_its_differences():
     assert by["glue by op after the MMA kernel (S1; % of glue + FP32 GEMM kernel time)"]["here"].startswith("copy_ 40.0%")
 
 
-def test_reproduce_quick_writes_what_it_promises(tmp_path):
-    out = tmp_path / "rep"
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reproduce") / "rep"
     cli(["reproduce", "--quick", "--stages", "S0", "S4", "--out", str(out)])
+    return out
+
+
+def test_reproduce_quick_writes_what_it_promises(quick_run):
+    out = quick_run
     names = {p.name for p in out.iterdir()}
     assert names == {"reproduce.json", "tables.md", "throughput.csv", "profile.csv", "kernels.json",
                      "profile_shift.png", "throughput.png", "reproduce.tar.gz"}           # <= 8 files, one folder
@@ -91,3 +97,38 @@ def test_reproduce_quick_writes_what_it_promises(tmp_path):
         members = {m.name.split("/", 1)[1] for m in tf.getmembers()}
     assert {"transitions.csv", "glue_ops.csv", "decode.csv", "story_vs_here.csv", "tables.md"} <= members
     assert (out / "profile_shift.png").stat().st_size > 10_000
+
+
+def test_gpu_shaped_profiles_feed_the_tables():
+    """What a GPU run hands the tables: kernel names from graph replays and their launching regions
+    from an eager step (no GPU needed to check the bookkeeping)."""
+    from dsv4lab import profile as P
+    kp = P.KernelProfile([dict(name="_tiled_sparse_decode_kernel", us=900.0, calls=86),
+                          dict(name="nvjet_tst_64x8_64x16_4x1_v_bz_TNT", us=50.0, calls=10),
+                          dict(name="Memset (Device)", us=5.0, calls=3)], runs=3, source="graph replay")
+    br = P.EagerBreakdown([], {"_tiled_sparse_decode_kernel": {"dsv4::decode[sglang,c4]": 600.0,
+                                                               "dsv4::decode[sglang,c0]": 300.0},
+                               "nvjet_tst_64x8_64x16_4x1_v_bz_TNT": {"dsv4::attn_proj": 50.0},
+                               "Memset (Device)": {"dsv4::decode[sglang,c4]": 5.0}}, {}, 955.0)
+    per = R.decode_regions(kp, br)
+    assert per == {"dsv4::decode[sglang,c4]": 600.0, "dsv4::decode[sglang,c0]": 300.0}
+    rows = {r["layer_kind"]: r for r in R.decode_by_kind(per, [0, 0, 4, 4, 4, 128])}
+    assert rows["ratio 4"]["decode_us_per_layer"] == 200.0 and rows["window only"]["layers"] == 2
+    cat = R.category_by_region(kp, br)
+    assert cat["dsv4::decode[sglang,c4]"] == {P.DECODE: 600.0, P.GLUE: 5.0}
+    kp.regions = br.regions
+    assert P.region_mismatches(kp.kernels()) == []
+
+
+def test_write_outputs_takes_a_gpu_run(quick_run, tmp_path):
+    """The GPU-only parts (isolated decode rows, the compile lesson's variants, skipped parts) in
+    the files, on a quick run's results."""
+    res = json.loads((quick_run / "reproduce.json").read_text())
+    res["isolated_decode"] = [dict(impl="sglang", B=32, call="ratio 4 (K=512)", graph_us=2931.0),
+                              dict(impl="auto", B=32, call="ratio 4 (K=512)", error="RuntimeError: x")]
+    res["compile_lesson"] = dict(variants=[dict(variant="default", ok=False, error_type="RuntimeError",
+                                                error="operation not permitted when stream is capturing")])
+    res["skipped"] = [dict(part="S0", reason="budget")]
+    files = R.write_outputs(tmp_path, res, quick=True)
+    md = files["tables.md"].read_text()
+    assert "2931" in md and "operation not permitted" in md and "| S0 | budget |" in md
