@@ -34,7 +34,8 @@ from ..api import register
 from ..device import info, is_interpret, mode
 from ..planning import MAX_SPLIT
 from . import split_k
-from .common import E4M3_BAD_SCALE, E4M3_TO_BF16_ASM, LOG2E, MAX_SCALE_BYTE, alloc, cache_views, finish
+from .common import (E4M3_BAD_SCALE, E4M3_TO_BF16_ASM, L2_PREFETCH_ASM, LOG2E, MAX_SCALE_BYTE, alloc, cache_views,
+                     finish)
 
 try:                                    # Gluon exists on triton >= 3.4; the lab must import without it
     from triton.experimental import gluon
@@ -51,7 +52,7 @@ except Exception as e:  # noqa: BLE001  (any failure to import means: no Gluon h
 BLOCK_H = 64
 BLOCK_N = 64
 NUM_BUF = 2
-CHUNK = 8                   # tokens the producer gathers and dequantizes at a time: 16 spilled 836 B at 96 registers
+CHUNK = 16                  # tokens the producer gathers and dequantizes at a time (16: no spills at 96 registers)
 NUM_WARPS = 8               # the consumers (default partition): two warp groups
 PRODUCER_WARPS = 4
 PRODUCER_REGS = 96          # setmaxnreg for the producer warp group
@@ -74,19 +75,13 @@ def unavailable_reason() -> str | None:
 if gluon is not None:
     _E4M3_ASM = gl.constexpr(E4M3_TO_BF16_ASM)
     _E4M3_BAD = gl.constexpr(E4M3_BAD_SCALE)
+    _L2_PREFETCH_ASM = gl.constexpr(L2_PREFETCH_ASM)
 
     @gluon.jit
-    def _load_chunk(IDX, KV_U8, KV_BF16, row, start, hi,
-                    PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr, CHUNK: gl.constexpr, NOPE: gl.constexpr):
-        """The raw bytes of CHUNK tokens as [CHUNK, 8, 64]: fp8 nope in groups 0..6, bf16 rope in
-        group 7, the 8 scale bytes [CHUNK, 8]. Each thread loads 16 consecutive values (one 16-byte
-        load of fp8, two of rope); invalid tokens and the other dtype's group read nothing."""
-        L3: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 8, 4], [4, 1, 1], [2, 1, 0])
-        LE: gl.constexpr = gl.SliceLayout(2, L3)
-        LT: gl.constexpr = gl.SliceLayout(1, LE)
-        LG: gl.constexpr = gl.SliceLayout(0, LE)
-        LJ: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, L3))
-        pos = start + gl.arange(0, CHUNK, layout=LT)
+    def _token_bytes(IDX, row, start, hi, layout: gl.constexpr, N: gl.constexpr,
+                     PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr):
+        """Byte offsets of N tokens' data and scale bytes in the cache, and which are valid."""
+        pos = start + gl.arange(0, N, layout=layout)
         inb = pos < hi
         tok = gl.load(IDX + row + pos, mask=inb, other=-1)
         valid = inb & (tok >= 0)
@@ -95,38 +90,64 @@ if gluon is not None:
         slot = safe % PAGE_SIZE
         data = gl.multiple_of(page * PAGE_BYTES + slot * 576, 64)
         scl = gl.multiple_of(page * PAGE_BYTES + PAGE_SIZE * 576 + slot * 8, 8)
-        g = gl.arange(0, 8, layout=LG)
-        j = gl.arange(0, 64, layout=LJ)
+        return data, scl, valid
+
+    @gluon.jit
+    def _load_chunk(IDX, KV_U8, KV_BF16, row, start, hi,
+                    PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr, CHUNK: gl.constexpr, NOPE: gl.constexpr):
+        """The raw bytes of CHUNK tokens: fp8 as [CHUNK, 8, 64] (group 7 is never read: rope's
+        columns), the 8 scale bytes [CHUNK, 8], and the bf16 rope [CHUNK, 64] in a layout of its
+        own (in the fp8 layout every thread would hold rope registers for one group in eight).
+        16-byte loads of fp8; invalid tokens read nothing."""
+        L3: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 8, 4], [4, 1, 1], [2, 1, 0])
+        LE: gl.constexpr = gl.SliceLayout(2, L3)
+        RV: gl.constexpr = CHUNK // 2                       # rope values a thread holds (128 threads)
+        LR: gl.constexpr = gl.BlockedLayout([1, RV], [32 * RV // 64, 64 // RV], [4, 1], [1, 0])
+        data, scl, valid = _token_bytes(IDX, row, start, hi, gl.SliceLayout(1, LE), CHUNK, PAGE_SIZE, PAGE_BYTES)
+        g = gl.arange(0, 8, layout=gl.SliceLayout(0, LE))
+        j = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
         g3 = gl.expand_dims(gl.expand_dims(g, 0), 2)                      # [1, 8, 1]
         j3 = gl.expand_dims(gl.expand_dims(j, 0), 1)                      # [1, 1, 64]
         data3 = gl.expand_dims(gl.expand_dims(data, 1), 2)                # [CHUNK, 1, 1]
         valid3 = gl.expand_dims(gl.expand_dims(valid, 1), 2)
-        is_nope = g3 < NOPE // 64
-        x = gl.load(KV_U8 + data3 + g3 * 64 + j3, mask=valid3 & is_nope, other=0)
-        r = gl.load(KV_BF16 + (data3 + NOPE) // 2 + j3 + g3 * 0, mask=valid3 & (g3 == NOPE // 64), other=0.0)
+        x = gl.load(KV_U8 + data3 + g3 * 64 + j3, mask=valid3 & (g3 < NOPE // 64), other=0)
         e = gl.load(KV_U8 + gl.expand_dims(scl, 1) + gl.expand_dims(g, 0), mask=gl.expand_dims(valid, 1),
                     other=127)
+        rdata, _, rvalid = _token_bytes(IDX, row, start, hi, gl.SliceLayout(1, LR), CHUNK, PAGE_SIZE, PAGE_BYTES)
+        jr = gl.arange(0, 64, layout=gl.SliceLayout(0, LR))
+        r = gl.load(KV_BF16 + gl.expand_dims((rdata + NOPE) // 2, 1) + gl.expand_dims(jr, 0),
+                    mask=gl.expand_dims(rvalid, 1), other=0.0)
         return x, e, r
 
     @gluon.jit
-    def _dequant_chunk(x, e, r, CHUNK: gl.constexpr, NOPE: gl.constexpr):
-        """[CHUNK, 8, 64] raw bytes -> [CHUNK, 512] bf16: fp8 * 2^(e-127) by integer ops, rope as is.
-        A scale byte past common.MAX_SCALE_BYTE gives NaN (as head_batched's "bits" dequant)."""
+    def _dequant_chunk(x, e, CHUNK: gl.constexpr):
+        """[CHUNK, 8, 64] fp8 bytes -> [CHUNK, 512] bf16, x * 2^(e-127) by integer ops (group 7 is
+        garbage: the rope's columns, stored over it). A scale byte past common.MAX_SCALE_BYTE
+        gives NaN (as head_batched's "bits" dequant)."""
         ei = e.to(gl.int32) + 120
         sc = gl.where(ei <= 254, ei << 7, _E4M3_BAD).to(gl.int16).to(gl.bfloat16, bitcast=True)   # 2^(e-7)
         sc3 = gl.broadcast(gl.expand_dims(sc, 2), x)[0]
         y = gl.inline_asm_elementwise(_E4M3_ASM, "=r,=r,r,r,r", [x, sc3], dtype=gl.bfloat16, is_pure=True, pack=4)
-        g = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, x.type.layout)))
-        is_nope = gl.expand_dims(gl.expand_dims(g, 0), 2) < NOPE // 64
-        y = gl.where(is_nope, y, r)
         return gl.reshape(y, [CHUNK, 8 * 64])
+
+    @gluon.jit
+    def _prefetch_tile_l2(IDX, KV_U8, row, start, hi, BLOCK_N: gl.constexpr,
+                          PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr):
+        """Ask L2 for a tile's bytes without waiting (common.L2_PREFETCH_ASM, one per token), so its
+        chunk loads a tile later hit L2 instead of HBM (padding asks for token 0's bytes: harmless)."""
+        LP: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        data, scl, _ = _token_bytes(IDX, row, start, hi, LP, BLOCK_N, PAGE_SIZE, PAGE_BYTES)
+        gl.inline_asm_elementwise(_L2_PREFETCH_ASM, "=r,l,l", [KV_U8 + data, KV_U8 + scl],
+                                  dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
     def _producer(IDX, KV_U8, KV_BF16, kv_bufs, ready, empty, row, lo, hi,
                   PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr, BLOCK_N: gl.constexpr,
                   CHUNK: gl.constexpr, NUM_BUF: gl.constexpr, NOPE: gl.constexpr):
-        """Worker partition: fill the ring, one BLOCK_N tile a step, CHUNK tokens at a time; the
-        next chunk's loads are issued before this chunk's dequant and stores."""
+        """Worker partition: fill the ring, one BLOCK_N tile a step, CHUNK tokens at a time. The
+        next chunk's loads are issued before this chunk's dequant and stores, and the next tile's
+        bytes are asked into L2 once this tile's first loads are out (only one chunk is in flight
+        in registers, so each chunk's load latency is paid: an L2 hit's, not HBM's)."""
         NCH: gl.constexpr = BLOCK_N // CHUNK
         n_tiles = gl.cdiv(hi - lo, BLOCK_N)
         for i in range(n_tiles):
@@ -135,6 +156,8 @@ if gluon is not None:
             start = lo + i * BLOCK_N
             buf = kv_bufs.index(s)
             x, e, r = _load_chunk(IDX, KV_U8, KV_BF16, row, start, hi, PAGE_SIZE, PAGE_BYTES, CHUNK, NOPE)
+            if i + 1 < n_tiles:
+                _prefetch_tile_l2(IDX, KV_U8, row, start + BLOCK_N, hi, BLOCK_N, PAGE_SIZE, PAGE_BYTES)
             # the buffer is free once the consumers' P @ V of the tile NUM_BUF steps back completed
             # (mbarriers start in phase 1 complete, so the first NUM_BUF waits pass at once)
             mbarrier.wait(empty.index(s), phase ^ 1)
@@ -142,7 +165,11 @@ if gluon is not None:
                 if c + 1 < NCH:
                     xn, en, rn = _load_chunk(IDX, KV_U8, KV_BF16, row, start + (c + 1) * CHUNK, hi,
                                              PAGE_SIZE, PAGE_BYTES, CHUNK, NOPE)
-                buf.slice(c * CHUNK, CHUNK, dim=0).store(_dequant_chunk(x, e, r, CHUNK, NOPE))
+                rows = buf.slice(c * CHUNK, CHUNK, dim=0)
+                rows.store(_dequant_chunk(x, e, CHUNK))
+                # the rope overwrites columns 448..511 of the same rows (the compiler orders the two
+                # stores with a barrier of the producer's warps)
+                rows.slice(NOPE, 64, dim=1).store(r)
                 if c + 1 < NCH:
                     x, e, r = xn, en, rn
             # generic-proxy stores -> async-proxy reads (wgmma): fence, then publish the tile
