@@ -28,6 +28,12 @@ def test_refuses_without_a_gpu_naming_what_it_needs():
     assert "interpreter" in hopper.unavailable_reason()
 
 
+@pytest.mark.skipif(mode() == "cuda", reason="the refusal is for processes without a GPU")
+def test_probe_reports_what_the_child_process_said():
+    got = hopper.probe(timeout_s=120)
+    assert got["ok"] is False and "sm_90" in got["error"]
+
+
 def test_bad_arguments_are_refused_before_the_kernel():
     inp = make_decode_inputs(1, 4, 16, context=32, seed=0)
     with pytest.raises(ValueError, match="q must have shape"):
@@ -59,9 +65,24 @@ def test_nsplit_covers_the_sms_once(B, K, want):
 
 # --- GPU: the kernel itself -------------------------------------------------------------------
 
+@pytest.fixture(scope="module")
+def runs_at_all():
+    """One small decode in a child process first (hopper.probe): if the kernel hangs or faults,
+    every test here fails at once instead of hanging the GPU test run."""
+    got = hopper.probe()
+    if "error" in got:
+        pytest.fail(f"impl 'hopper' did not run: {got['error']}")
+    return got
+
+
+@pytest.mark.gpu
+def test_probe_matches_reference(runs_at_all):
+    assert runs_at_all["ok"], runs_at_all
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", checks.CHECK_CASES, ids=str)
-def test_matches_reference_on_the_gpu(case):
+def test_matches_reference_on_the_gpu(case, runs_at_all):
     B, H, K, ctx, ps, pad, tl_, sink = case
     inp = make_decode_inputs(B, H, K, context=ctx, page_size=ps, pad_frac=pad, topk_len=tl_, sink=sink, seed=11)
     e_out, e_lse = check_decode("hopper", inp)
@@ -69,7 +90,7 @@ def test_matches_reference_on_the_gpu(case):
 
 
 @pytest.mark.gpu
-def test_empty_rows_on_the_gpu(dev):
+def test_empty_rows_on_the_gpu(dev, runs_at_all):
     inp = make_decode_inputs(3, 64, 100, context=200, seed=5)
     inp.indices[1] = -1
     topk_len = torch.tensor([0, 100, 7], dtype=torch.int32, device=dev)
@@ -80,7 +101,7 @@ def test_empty_rows_on_the_gpu(dev):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("B", [1, 8, 136])              # split + merge, split, whole rows in two waves
-def test_bitwise_over_reruns_and_graph_replay(B):
+def test_bitwise_over_reruns_and_graph_replay(B, runs_at_all):
     inp = make_decode_inputs(B, 64, 512, context=1024, topk_len=True, sink=True, seed=7)
     fn = lambda: dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl="hopper", check_ranges=False,  # noqa: E731
                                        **inp.kwargs())

@@ -354,3 +354,36 @@ def compile_report(*, split: bool = False, page_size: int = 64, has_topk_len: bo
             "chunk": CHUNK, "num_warps": NUM_WARPS, "producer_warps": PRODUCER_WARPS,
             "producer_regs": PRODUCER_REGS, "maxnreg": MAXNREG, "arch": arch, "triton": triton.__version__,
             **cr.report(k, arch)}
+
+
+_PROBE = """
+import json, time, torch, dsv4lab
+from dsv4lab.testing import check_decode, make_decode_inputs
+t = time.time()
+inp = make_decode_inputs(2, 64, 200, context=300, topk_len=True, sink=True, pad_frac=0.1, seed=1)
+e_out, e_lse = check_decode("hopper", inp)
+torch.cuda.synchronize()
+print(json.dumps({"out_err": e_out, "lse_err": e_lse, "seconds": time.time() - t}))
+"""
+
+
+def probe(timeout_s: float = 90.0) -> dict:
+    """Run one small decode with this impl in a child process (GPU): {"ok", "out_err", "lse_err",
+    "seconds"} or {"ok": False, "error"}. A kernel that has never run may hang (an mbarrier phase
+    off by one never completes) or fault; in a child process that costs ``timeout_s`` and a row,
+    not the calling process (a hung CUDA context cannot be recovered in-process)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    try:
+        r = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"no answer in {timeout_s:.0f} s (a hang?)"}
+    if r.returncode != 0:
+        return {"ok": False, "error": (r.stderr or r.stdout)[-600:]}
+    from ..testing import LSE_TOL, OUT_TOL
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    return {"ok": got["out_err"] <= OUT_TOL and got["lse_err"] <= LSE_TOL, **got}
