@@ -147,7 +147,8 @@ if gluon is not None:
         """Worker partition: fill the ring, one BLOCK_N tile a step, CHUNK tokens at a time. The
         next chunk's loads are issued before this chunk's dequant and stores, and the next tile's
         bytes are asked into L2 once this tile's first loads are out (only one chunk is in flight
-        in registers, so each chunk's load latency is paid: an L2 hit's, not HBM's)."""
+        in registers, so each chunk's load latency is paid: an L2 hit's, not HBM's); the first
+        tile's own bytes likewise, after its first chunk's loads."""
         NCH: gl.constexpr = BLOCK_N // CHUNK
         n_tiles = gl.cdiv(hi - lo, BLOCK_N)
         for i in range(n_tiles):
@@ -156,6 +157,10 @@ if gluon is not None:
             start = lo + i * BLOCK_N
             buf = kv_bufs.index(s)
             x, e, r = _load_chunk(IDX, KV_U8, KV_BF16, row, start, hi, PAGE_SIZE, PAGE_BYTES, CHUNK, NOPE)
+            if i == 0:
+                # the first tile's other chunks: no bytes beyond the tile's own, only asked for
+                # sooner (a slice of one tile, B <= 16, has nothing else to overlap them with)
+                _prefetch_tile_l2(IDX, KV_U8, row, start, hi, BLOCK_N, PAGE_SIZE, PAGE_BYTES)
             if i + 1 < n_tiles:
                 _prefetch_tile_l2(IDX, KV_U8, row, start + BLOCK_N, hi, BLOCK_N, PAGE_SIZE, PAGE_BYTES)
             # the buffer is free once the consumers' P @ V of the tile NUM_BUF steps back completed
@@ -316,7 +321,10 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, nsplit: i
           description="Gluon, sm_90: producer warp group (gather + dequant) and two wgmma consumer warp groups; "
                       "NOT yet run on a GPU",
           needs=("gpu", "sm_90"), max_scale_byte=lambda B, H, K: MAX_SCALE_BYTE)
-def sparse_decode_hopper(q, cache, indices, *, topk_len, sm_scale, attn_sink):
+def sparse_decode_hopper(q, cache, indices, *, topk_len, sm_scale, attn_sink, nsplit: int | None = None):
+    """``nsplit``: slices of the top-k row (default nsplit_for's rule), for A/B runs."""
+    if nsplit is not None and not 1 <= nsplit <= MAX_SPLIT:
+        raise ValueError(f"nsplit must lie in [1, {MAX_SPLIT}], got {nsplit}")
     why = unavailable_reason()
     if why is not None:
         raise ValueError(f"impl='hopper' needs a CUDA GPU with sm_90 (Hopper) and triton's Gluon: {why}. "
@@ -324,7 +332,7 @@ def sparse_decode_hopper(q, cache, indices, *, topk_len, sm_scale, attn_sink):
     B, H, D = q.shape
     q = q.contiguous()
     indices = indices.contiguous()
-    nsplit = nsplit_for(B, H, indices.shape[1], info().sm_count)
+    nsplit = nsplit or nsplit_for(B, H, indices.shape[1], info().sm_count)
     out = alloc((B, H, D), torch.bfloat16, q.device)
     lse = alloc((B, H), torch.float32, q.device)
     if nsplit == 1:

@@ -13,7 +13,8 @@
 3. determinism: 20 eager reruns bitwise equal, graph replay bitwise (checks.determinism);
 4. timings at each B (H = 64, K = 512, context 8192, page 64): hopper, auto, mma and mma_story in
    one run, interleaved, best of 2 passes: a CUDA graph of one call (graph_us) and per call in a
-   graph of 8 calls on copies of the inputs (graph_layer_us), TFLOP/s, and the NSPLIT hopper took.
+   graph of 8 calls on copies of the inputs (graph_layer_us), TFLOP/s, and the NSPLIT hopper took;
+   where its rule splits, also hopper with half the slices ("hopper nsplit=N").
 Every case is caught into its row (``error``); the JSON is rewritten after each B. ~2-3 min on an H200.
 
 With ``--cpu-smoke`` (automatic without a GPU) the Gluon kernel cannot run: the script records its
@@ -34,6 +35,23 @@ BASELINES = ("auto", "mma", "mma_story")
 
 def caller(impl):
     return lambda x: api.sparse_decode(x.q, x.cache, x.indices, impl=impl, sm_scale=ab.SCALE, **x.kwargs())
+
+
+def hopper_with(nsplit):
+    """The kernel with a given NSPLIT (no API checks: the same launches as impl "hopper")."""
+    return lambda x: hopper.sparse_decode_hopper(x.q, x.cache, x.indices, sm_scale=ab.SCALE, nsplit=nsplit,
+                                                 **x.kwargs())
+
+
+def variants(impls, B, H, K) -> dict:
+    """name -> call(x): the impls, and where the rule splits, hopper with half the slices (longer
+    slices: two or more tiles each, so its producer and consumers overlap)."""
+    out = {i: caller(i) for i in impls}
+    if "hopper" in impls:
+        n = hopper.nsplit_for(B, H, K, info().sm_count)
+        if n > 1:
+            out[f"hopper nsplit={n // 2}"] = hopper_with(n // 2)
+    return out
 
 
 def resources() -> list[dict]:
@@ -89,7 +107,7 @@ def main(argv=None):
     for B in ([1] if a.smoke else a.batches):
         try:
             inp = make_decode_inputs(B, H, K, context=ctx, seed=B)
-            got = ab.time_variants({i: caller(i) for i in impls}, inp, a.smoke)
+            got = ab.time_variants(variants(impls, B, H, K), inp, a.smoke)
         except Exception as e:  # one batch size failing is a row, not the end of the run
             rows.append(dict(kind="time", B=B, error=repr(e)[:300]))
             continue
@@ -97,6 +115,8 @@ def main(argv=None):
             row = dict(kind="time", B=B, impl=impl, **t)
             if impl == "hopper":
                 row["nsplit"] = hopper.nsplit_for(B, H, K, info().sm_count)
+            elif impl.startswith("hopper nsplit="):
+                row["nsplit"] = int(impl.split("=")[1])
             rows.append(row)
             print(row, flush=True)
         del inp
