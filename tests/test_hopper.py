@@ -63,6 +63,15 @@ def test_nsplit_covers_the_sms_once(B, K, want):
     assert B * n <= max(132, B) and (n - 1) * hopper.BLOCK_N < K
 
 
+def test_pdl_where_the_split_grid_leaves_half_the_sms_idle(monkeypatch):
+    from dsv4lab import planning
+    monkeypatch.setattr(planning, "pdl_supported", lambda: True)
+    assert hopper.pdl_for(1, 64, 8, 132) and hopper.pdl_for(8, 64, 8, 132)
+    assert not hopper.pdl_for(16, 64, 8, 132) and not hopper.pdl_for(1, 64, 1, 132)
+    monkeypatch.setattr(planning, "pdl_supported", lambda: False)
+    assert not hopper.pdl_for(1, 64, 8, 132)
+
+
 # --- GPU: the kernel itself -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,8 @@ at once (``gl.warp_specialize``):
   the two warp groups (128 registers a thread each).
 
 Shapes-only launch (CUDA-graph safe): grid (B, ceil(H / 64), NSPLIT). With NSPLIT > 1 each program
-writes a bf16 partial and split_k.combine merges them (the lab's combine launch, as split-K does).
+writes a bf16 partial and split_k.combine merges them (the lab's combine launch, as split-K does,
+with PDL by the same rule).
 The design, the byte and cycle budget and what is left to do are in
 experiments/hopper_decode/README.md. Gluon has no interpreter: on CPU this impl refuses with a
 ValueError; it is registered with needs=("gpu", "sm_90") and ``auto`` never picks it.
@@ -38,6 +39,7 @@ from .common import (E4M3_BAD_SCALE, E4M3_TO_BF16_ASM, L2_PREFETCH_ASM, LOG2E, M
                      finish)
 
 try:                                    # Gluon exists on triton >= 3.4; the lab must import without it
+    import triton.language as tl
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
@@ -250,7 +252,10 @@ if gluon is not None:
                               HAS_TOPK_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
                               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr,
                               CHUNK: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                              D: gl.constexpr, NOPE: gl.constexpr, num_warps: gl.constexpr):
+                              D: gl.constexpr, NOPE: gl.constexpr, num_warps: gl.constexpr,
+                              LAUNCH_DEPENDENTS: gl.constexpr = False):
+        if LAUNCH_DEPENDENTS:
+            tl.extra.cuda.gdc_launch_dependents()      # let the combine launch now (it waits on the GPU)
         b = gl.program_id(0)
         hb = gl.program_id(1)
         sp = gl.program_id(2)
@@ -294,9 +299,18 @@ def nsplit_for(B: int, H: int, K: int, sms: int) -> int:
     return max(1, min(triton.cdiv(K, BLOCK_N), sms // programs, MAX_SPLIT))
 
 
-def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, nsplit: int):
+def pdl_for(B: int, H: int, nsplit: int, sms: int) -> bool:
+    """The combine as a programmatic dependent launch where the split grid leaves at least half the
+    SMs idle (its programs wait on SMs nobody else needs): the lab's rule for split-K
+    (planning.launch_for, measured there: B = 1 13.8 -> 13.0 us, slower on fuller grids)."""
+    from ..planning import pdl_supported
+    return nsplit > 1 and 2 * B * triton.cdiv(H, BLOCK_H) * nsplit <= sms and pdl_supported()
+
+
+def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, nsplit: int, pdl: bool = False):
     """One launch of the kernel. nsplit > 1: ``out`` / ``lse`` are the partial workspaces
-    [B, H, NSPLIT, 512] (bf16) / [B, H, NSPLIT] and ``attn_sink`` must be None (the merge applies it)."""
+    [B, H, NSPLIT, 512] (bf16) / [B, H, NSPLIT] and ``attn_sink`` must be None (the merge applies it).
+    ``pdl``: the kernel lets a programmatic dependent launch (the combine) start early."""
     B, H, D = q.shape
     K = indices.shape[1]
     if nsplit > 1 and attn_sink is not None:
@@ -314,7 +328,7 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, nsplit: i
         HAS_TOPK_LEN=topk_len is not None, HAS_SINK=attn_sink is not None,
         BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, NUM_BUF=NUM_BUF, CHUNK=CHUNK,
         PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS, D=D, NOPE=448,
-        num_warps=NUM_WARPS, maxnreg=MAXNREG)
+        num_warps=NUM_WARPS, maxnreg=MAXNREG, LAUNCH_DEPENDENTS=pdl)
 
 
 @register("sparse_decode", "hopper", stage="beyond",
@@ -339,8 +353,9 @@ def sparse_decode_hopper(q, cache, indices, *, topk_len, sm_scale, attn_sink, ns
         launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, 1)
         return finish(out), lse
     o_part, lse_part = split_k.partials_for(B, H, nsplit, q.device, "bfloat16")
-    launch(q, cache, indices, topk_len, sm_scale, None, o_part, lse_part, nsplit)
-    split_k.combine(o_part, lse_part, attn_sink, out, lse)
+    pdl = pdl_for(B, H, nsplit, info().sm_count)
+    launch(q, cache, indices, topk_len, sm_scale, None, o_part, lse_part, nsplit, pdl)
+    split_k.combine(o_part, lse_part, attn_sink, out, lse, pdl=pdl)
     return finish(out), lse
 
 

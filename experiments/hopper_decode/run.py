@@ -113,10 +113,9 @@ def main(argv=None):
             continue
         for impl, t in got.items():
             row = dict(kind="time", B=B, impl=impl, **t)
-            if impl == "hopper":
-                row["nsplit"] = hopper.nsplit_for(B, H, K, info().sm_count)
-            elif impl.startswith("hopper nsplit="):
-                row["nsplit"] = int(impl.split("=")[1])
+            if impl.startswith("hopper"):
+                n = int(impl.split("=")[1]) if "=" in impl else hopper.nsplit_for(B, H, K, info().sm_count)
+                row.update(nsplit=n, pdl=hopper.pdl_for(B, H, n, info().sm_count))
             rows.append(row)
             print(row, flush=True)
         del inp
