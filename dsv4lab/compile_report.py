@@ -49,7 +49,10 @@ def compile_kernel(fn, constexprs: dict, *, num_warps=4, num_stages=2, arch=90, 
             sig[n] = "i32"
             if n in _DIV16:
                 attrs[(i,)] = [["tt.divisibility", 16]]
-    src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in constexprs.items()}, attrs=attrs)
+    source = ASTSource
+    if getattr(fn, "is_gluon", lambda: False)():          # a @gluon.jit kernel compiles from its own source class
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+    src = source(fn, sig, constexprs={(names.index(k),): v for k, v in constexprs.items()}, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32),
                           options=dict(num_warps=num_warps, num_stages=num_stages,
                                        **({"maxnreg": maxnreg} if maxnreg else {})))
@@ -72,7 +75,15 @@ def report(kernel, arch=90) -> dict:
     mma = sorted(set(re.findall(r"(wgmma\.mma_async\.sync\.aligned\.m\d+n\d+k\d+|mma\.sync\.aligned\.m\d+n\d+k\d+)", ptx)))
     return {"registers": num(r"Used (\d+) registers"), "spill_stores": num(r"(\d+) bytes spill stores"),
             "spill_loads": num(r"(\d+) bytes spill loads"), "stack": num(r"(\d+) bytes stack frame"),
-            "shared_bytes": kernel.metadata.shared, "mma": mma, "ptxas_ok": r.returncode == 0}
+            "shared_bytes": kernel.metadata.shared, "mma": mma, "ptxas_ok": r.returncode == 0,
+            "ptx_ops": {op: len(re.findall(pat, ptx)) for op, pat in PTX_OPS.items()}}
+
+
+#: PTX instructions counted in a report (static counts in the kernel's text, not executions)
+PTX_OPS = {"wgmma": r"wgmma\.mma_async", "wgmma_wait": r"wgmma\.wait_group", "cp.async": r"cp\.async\.(?:ca|cg)",
+           "cp.async.bulk": r"cp\.async\.bulk", "mbarrier.wait": r"mbarrier\.try_wait",
+           "mbarrier.arrive": r"mbarrier\.arrive", "setmaxnreg": r"setmaxnreg", "bar.sync": r"bar\.sync|barrier\.sync",
+           "ld.global.v4": r"ld\.global(?:\.\w+)*\.v4", "st.shared": r"st\.shared", "fence.proxy.async": r"fence\.proxy\.async"}
 
 
 def launch_report(opts, *, story: bool = False, arch=90, maxnreg=None) -> dict:

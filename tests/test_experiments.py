@@ -22,6 +22,7 @@ RUNNABLE = {
     "batch1_split_k_speedup/b1_ratio.py": [],
     "combine_launch_shape/combine_shape.py": [],
     "fp8_dequant_by_integer_ops/dequant.py": [],
+    "hopper_decode/run.py": [],
     "indexer_page_loop/indexer_sweep.py": [],
     "kernel_loop_prefetch/loops.py": [],
     "pdl_for_the_combine/pdl.py": [],

@@ -5,3 +5,4 @@ from . import head_batched  # noqa: F401
 from . import split_k  # noqa: F401
 from . import indexer_gemm  # noqa: F401
 from . import indexer  # noqa: F401
+from . import hopper  # noqa: F401

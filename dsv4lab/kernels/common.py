@@ -46,6 +46,11 @@ def load_kv_raw(kv_fp8, kv_u8, kv_bf16, tok, valid, PAGE_SIZE: tl.constexpr, PAG
     return x, e, r
 
 
+#: one token's bytes asked into L2: its 576 data bytes by the bulk-copy engine, its scale bytes by a line hint
+L2_PREFETCH_ASM = "cp.async.bulk.prefetch.L2.global [$1], 576; prefetch.global.L2 [$2]; mov.u32 $0, 0;"
+_L2_PREFETCH = tl.constexpr(L2_PREFETCH_ASM)          # what a @triton.jit function may read
+
+
 @triton.jit
 def prefetch_kv_l2_bulk(kv_u8, tok, valid, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr):
     """Ask L2 for the bytes of BLOCK_N tokens without waiting: one ``cp.async.bulk.prefetch.L2``
@@ -58,8 +63,8 @@ def prefetch_kv_l2_bulk(kv_u8, tok, valid, PAGE_SIZE: tl.constexpr, PAGE_BYTES: 
     slot = safe % PAGE_SIZE
     data = page * PAGE_BYTES + slot * 576
     scl = page * PAGE_BYTES + PAGE_SIZE * 576 + slot * 8
-    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], 576; prefetch.global.L2 [$2]; mov.u32 $0, 0;",
-                              "=r,l,l", [kv_u8 + data, kv_u8 + scl], dtype=tl.int32, is_pure=False, pack=1)
+    tl.inline_asm_elementwise(_L2_PREFETCH, "=r,l,l", [kv_u8 + data, kv_u8 + scl], dtype=tl.int32, is_pure=False,
+                              pack=1)
 
 
 #: fp8 e4m3 -> bf16 without conversion instructions (DEQUANT="bits"). Hopper runs F2FP, the

@@ -130,6 +130,16 @@ def workspace(B, H, nsplit, device, partials: str = "float32"):
     return _WORKSPACE[key]
 
 
+def partials_for(B, H, nsplit, device, partials: str):
+    """The workspace of one split launch; under testing.poisoned() refilled with NaN first, so a
+    partial the split launch forgets to write fails the check."""
+    o_part, lse_part = workspace(B, H, nsplit, device, partials)
+    if common._POISON[0]:
+        o_part.fill_(float("nan"))
+        lse_part.fill_(float("nan"))
+    return o_part, lse_part
+
+
 def run(q, cache, indices, topk_len, sm_scale, attn_sink, opts: Launch):
     """The tuned head-batched kernel on ``opts.nsplit`` slices of each top-k row, then the merge.
     With nsplit == 1 the kernel writes the answer directly (no workspace, no combine)."""
@@ -141,10 +151,7 @@ def run(q, cache, indices, topk_len, sm_scale, attn_sink, opts: Launch):
     if opts.nsplit == 1:
         head_batched.launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, opts)
         return finish(out), lse
-    o_part, lse_part = workspace(B, H, opts.nsplit, q.device, opts.partials)
-    if common._POISON[0]:
-        o_part.fill_(float("nan"))
-        lse_part.fill_(float("nan"))
+    o_part, lse_part = partials_for(B, H, opts.nsplit, q.device, opts.partials)
     head_batched.launch(q, cache, indices, topk_len, sm_scale, None, o_part, lse_part, opts)
     combine(o_part, lse_part, attn_sink, out, lse, pdl=opts.pdl)
     return finish(out), lse

@@ -1,0 +1,412 @@
+"""A Hopper-native sparse decode kernel in Gluon: a producer warp group gathers and dequantizes,
+two consumer warp groups run wgmma and the online softmax.
+
+Written in Triton's Gluon dialect (``triton.experimental.gluon``, the API of triton 3.6), where the
+kernel states what Triton's ``tl.dot`` lowering decides on its own: shared-memory buffers and their
+layouts, mbarriers between warp groups, asynchronous wgmma, registers per warp group. One program
+owns 64 heads of one request (or one slice of its top-k row, for split-K) and runs two partitions
+at once (``gl.warp_specialize``):
+
+* **producer** (1 warp group, few registers): for each tile of BLOCK_N tokens, load the indices,
+  gather the tokens' bytes with 16-byte loads (fp8 nope, the UE8M0 scale bytes, bf16 rope),
+  dequantize to bf16 with integer ops (``common.E4M3_TO_BF16_ASM``), store the [BLOCK_N, 512] tile
+  into a ring of NUM_BUF shared-memory buffers, and arrive on the buffer's ``ready`` mbarrier.
+  It waits on the buffer's ``empty`` mbarrier before overwriting it, after it has issued the next
+  tile's loads, so the gather of tile i+1 overlaps the consumers' work on tile i.
+* **consumers** (the default partition, 2 warp groups): S = Q K^T with wgmma (Q stays in shared
+  memory for the whole row, K is the ring buffer seen transposed), mask, base-2 online softmax
+  with the softmax scale folded into exp2's argument, O += P V with P from registers and V = K the
+  same buffer, then arrive on ``empty``. The [64, 512] fp32 accumulator is split by columns across
+  the two warp groups (128 registers a thread each).
+
+Shapes-only launch (CUDA-graph safe): grid (B, ceil(H / 64), NSPLIT). With NSPLIT > 1 each program
+writes a bf16 partial and split_k.combine merges them (the lab's combine launch, as split-K does,
+with PDL by the same rule).
+The design, the byte and cycle budget and what is left to do are in
+experiments/hopper_decode/README.md. Gluon has no interpreter: on CPU this impl refuses with a
+ValueError; it is registered with needs=("gpu", "sm_90") and ``auto`` never picks it.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from ..api import register
+from ..device import info, is_interpret, mode
+from ..planning import MAX_SPLIT
+from . import split_k
+from .common import (E4M3_BAD_SCALE, E4M3_TO_BF16_ASM, L2_PREFETCH_ASM, LOG2E, MAX_SCALE_BYTE, alloc, cache_views,
+                     finish)
+
+try:                                    # Gluon exists on triton >= 3.4; the lab must import without it
+    import triton.language as tl
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+                                                                  warpgroup_mma_wait)
+    GLUON_ERROR = None
+except Exception as e:  # noqa: BLE001  (any failure to import means: no Gluon here)
+    gluon = gl = None
+    GLUON_ERROR = f"{type(e).__name__}: {e}"
+
+#: tile and pipeline choices of the launch (see the README's budget): 64 heads a program (one
+#: wgmma M), 64 tokens a tile, two ring buffers (Q 64 KB + 2 x 64 KB of shared memory)
+BLOCK_H = 64
+BLOCK_N = 64
+NUM_BUF = 2
+CHUNK = 16                  # tokens the producer gathers and dequantizes at a time (16: no spills at 96 registers)
+NUM_WARPS = 8               # the consumers (default partition): two warp groups
+PRODUCER_WARPS = 4
+PRODUCER_REGS = 96          # setmaxnreg for the producer warp group
+MAXNREG = 168               # 12 warps x 32 x 168 <= 65536: the consumers get what the producer gives up
+
+
+def unavailable_reason() -> str | None:
+    """Why this process cannot run the kernel, or None when it can (CUDA, sm_90, Gluon)."""
+    if GLUON_ERROR is not None:
+        return f"triton.experimental.gluon could not be imported ({GLUON_ERROR})"
+    if is_interpret() or mode() != "cuda":
+        return (f"this process runs {mode()} mode; the kernel is written in Gluon, which Triton's CPU "
+                f"interpreter cannot run")
+    cap = info().capability
+    if cap != "9.0":
+        return f"it uses Hopper's wgmma, warp specialization and setmaxnreg (sm_90); this GPU is sm_{cap}"
+    return None
+
+
+if gluon is not None:
+    _E4M3_ASM = gl.constexpr(E4M3_TO_BF16_ASM)
+    _E4M3_BAD = gl.constexpr(E4M3_BAD_SCALE)
+    _L2_PREFETCH_ASM = gl.constexpr(L2_PREFETCH_ASM)
+
+    @gluon.jit
+    def _token_bytes(IDX, row, start, hi, layout: gl.constexpr, N: gl.constexpr,
+                     PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr):
+        """Byte offsets of N tokens' data and scale bytes in the cache, and which are valid."""
+        pos = start + gl.arange(0, N, layout=layout)
+        inb = pos < hi
+        tok = gl.load(IDX + row + pos, mask=inb, other=-1)
+        valid = inb & (tok >= 0)
+        safe = gl.where(valid, tok, 0).to(gl.int64)
+        page = safe // PAGE_SIZE
+        slot = safe % PAGE_SIZE
+        data = gl.multiple_of(page * PAGE_BYTES + slot * 576, 64)
+        scl = gl.multiple_of(page * PAGE_BYTES + PAGE_SIZE * 576 + slot * 8, 8)
+        return data, scl, valid
+
+    @gluon.jit
+    def _load_chunk(IDX, KV_U8, KV_BF16, row, start, hi,
+                    PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr, CHUNK: gl.constexpr, NOPE: gl.constexpr):
+        """The raw bytes of CHUNK tokens: fp8 as [CHUNK, 8, 64] (group 7 is never read: rope's
+        columns), the 8 scale bytes [CHUNK, 8], and the bf16 rope [CHUNK, 64] in a layout of its
+        own (in the fp8 layout every thread would hold rope registers for one group in eight).
+        16-byte loads of fp8; invalid tokens read nothing."""
+        L3: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 8, 4], [4, 1, 1], [2, 1, 0])
+        LE: gl.constexpr = gl.SliceLayout(2, L3)
+        RV: gl.constexpr = CHUNK // 2                       # rope values a thread holds (128 threads)
+        LR: gl.constexpr = gl.BlockedLayout([1, RV], [32 * RV // 64, 64 // RV], [4, 1], [1, 0])
+        data, scl, valid = _token_bytes(IDX, row, start, hi, gl.SliceLayout(1, LE), CHUNK, PAGE_SIZE, PAGE_BYTES)
+        g = gl.arange(0, 8, layout=gl.SliceLayout(0, LE))
+        j = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+        g3 = gl.expand_dims(gl.expand_dims(g, 0), 2)                      # [1, 8, 1]
+        j3 = gl.expand_dims(gl.expand_dims(j, 0), 1)                      # [1, 1, 64]
+        data3 = gl.expand_dims(gl.expand_dims(data, 1), 2)                # [CHUNK, 1, 1]
+        valid3 = gl.expand_dims(gl.expand_dims(valid, 1), 2)
+        x = gl.load(KV_U8 + data3 + g3 * 64 + j3, mask=valid3 & (g3 < NOPE // 64), other=0)
+        e = gl.load(KV_U8 + gl.expand_dims(scl, 1) + gl.expand_dims(g, 0), mask=gl.expand_dims(valid, 1),
+                    other=127)
+        rdata, _, rvalid = _token_bytes(IDX, row, start, hi, gl.SliceLayout(1, LR), CHUNK, PAGE_SIZE, PAGE_BYTES)
+        jr = gl.arange(0, 64, layout=gl.SliceLayout(0, LR))
+        r = gl.load(KV_BF16 + gl.expand_dims((rdata + NOPE) // 2, 1) + gl.expand_dims(jr, 0),
+                    mask=gl.expand_dims(rvalid, 1), other=0.0)
+        return x, e, r
+
+    @gluon.jit
+    def _dequant_chunk(x, e, CHUNK: gl.constexpr):
+        """[CHUNK, 8, 64] fp8 bytes -> [CHUNK, 512] bf16, x * 2^(e-127) by integer ops (group 7 is
+        garbage: the rope's columns, stored over it). A scale byte past common.MAX_SCALE_BYTE
+        gives NaN (as head_batched's "bits" dequant)."""
+        ei = e.to(gl.int32) + 120
+        sc = gl.where(ei <= 254, ei << 7, _E4M3_BAD).to(gl.int16).to(gl.bfloat16, bitcast=True)   # 2^(e-7)
+        sc3 = gl.broadcast(gl.expand_dims(sc, 2), x)[0]
+        y = gl.inline_asm_elementwise(_E4M3_ASM, "=r,=r,r,r,r", [x, sc3], dtype=gl.bfloat16, is_pure=True, pack=4)
+        return gl.reshape(y, [CHUNK, 8 * 64])
+
+    @gluon.jit
+    def _prefetch_tile_l2(IDX, KV_U8, row, start, hi, BLOCK_N: gl.constexpr,
+                          PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr):
+        """Ask L2 for a tile's bytes without waiting (common.L2_PREFETCH_ASM, one per token), so its
+        chunk loads a tile later hit L2 instead of HBM (padding asks for token 0's bytes: harmless)."""
+        LP: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        data, scl, _ = _token_bytes(IDX, row, start, hi, LP, BLOCK_N, PAGE_SIZE, PAGE_BYTES)
+        gl.inline_asm_elementwise(_L2_PREFETCH_ASM, "=r,l,l", [KV_U8 + data, KV_U8 + scl],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
+    def _producer(IDX, KV_U8, KV_BF16, kv_bufs, ready, empty, row, lo, hi,
+                  PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr, BLOCK_N: gl.constexpr,
+                  CHUNK: gl.constexpr, NUM_BUF: gl.constexpr, NOPE: gl.constexpr):
+        """Worker partition: fill the ring, one BLOCK_N tile a step, CHUNK tokens at a time. The
+        next chunk's loads are issued before this chunk's dequant and stores, and the next tile's
+        bytes are asked into L2 once this tile's first loads are out (only one chunk is in flight
+        in registers, so each chunk's load latency is paid: an L2 hit's, not HBM's); the first
+        tile's own bytes likewise, after its first chunk's loads."""
+        NCH: gl.constexpr = BLOCK_N // CHUNK
+        n_tiles = gl.cdiv(hi - lo, BLOCK_N)
+        for i in range(n_tiles):
+            s = i % NUM_BUF
+            phase = (i // NUM_BUF) & 1
+            start = lo + i * BLOCK_N
+            buf = kv_bufs.index(s)
+            x, e, r = _load_chunk(IDX, KV_U8, KV_BF16, row, start, hi, PAGE_SIZE, PAGE_BYTES, CHUNK, NOPE)
+            if i == 0:
+                # the first tile's other chunks: no bytes beyond the tile's own, only asked for
+                # sooner (a slice of one tile, B <= 16, has nothing else to overlap them with)
+                _prefetch_tile_l2(IDX, KV_U8, row, start, hi, BLOCK_N, PAGE_SIZE, PAGE_BYTES)
+            if i + 1 < n_tiles:
+                _prefetch_tile_l2(IDX, KV_U8, row, start + BLOCK_N, hi, BLOCK_N, PAGE_SIZE, PAGE_BYTES)
+            # the buffer is free once the consumers' P @ V of the tile NUM_BUF steps back completed
+            # (mbarriers start in phase 1 complete, so the first NUM_BUF waits pass at once)
+            mbarrier.wait(empty.index(s), phase ^ 1)
+            for c in gl.static_range(NCH):
+                if c + 1 < NCH:
+                    xn, en, rn = _load_chunk(IDX, KV_U8, KV_BF16, row, start + (c + 1) * CHUNK, hi,
+                                             PAGE_SIZE, PAGE_BYTES, CHUNK, NOPE)
+                rows = buf.slice(c * CHUNK, CHUNK, dim=0)
+                rows.store(_dequant_chunk(x, e, CHUNK))
+                # the rope overwrites columns 448..511 of the same rows (the compiler orders the two
+                # stores with a barrier of the producer's warps)
+                rows.slice(NOPE, 64, dim=1).store(r)
+                if c + 1 < NCH:
+                    x, e, r = xn, en, rn
+            # generic-proxy stores -> async-proxy reads (wgmma): fence, then publish the tile
+            fence_async_shared()
+            mbarrier.arrive(ready.index(s), count=1)
+
+    @gluon.jit
+    def _consumer(q_smem, kv_bufs, ready, empty, IDX, row, lo, hi, qk_scale, SINK, O, LSE, b, hb, sp, H,
+                  stride_ob, stride_oh, stride_os, nsplit,
+                  HAS_SINK: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr,
+                  D: gl.constexpr):
+        """Default partition (2 warp groups): wgmma + online softmax over the ring, then the rows'
+        output and lse (final, or this slice's partial)."""
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                           instr_shape=[16, BLOCK_N // 2, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                           instr_shape=[16, D // 2, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        m_i = gl.full([BLOCK_H], -1e30, gl.float32, rows_s)
+        l_i = gl.zeros([BLOCK_H], gl.float32, rows_s)
+        acc = gl.zeros([BLOCK_H, D], gl.float32, o_layout)
+        s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout)
+        t = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        n_tiles = gl.cdiv(hi - lo, BLOCK_N)
+        for i in range(n_tiles):
+            s = i % NUM_BUF
+            phase = (i // NUM_BUF) & 1
+            pos = lo + i * BLOCK_N + t
+            tok = gl.load(IDX + row + pos, mask=pos < hi, other=-1)      # issued before the wait
+            valid = gl.expand_dims((pos < hi) & (tok >= 0), 0)
+            kv = kv_bufs.index(s)
+            mbarrier.wait(ready.index(s), phase)
+            sc = warpgroup_mma(q_smem, kv.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))
+            sc = gl.where(valid, sc, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(sc, axis=1) * qk_scale)
+            alpha = gl.exp2(m_i - m_new)
+            p = gl.exp2(sc * qk_scale - gl.expand_dims(m_new, 1))
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_new
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, rows_o), 1)
+            p_op = gl.convert_layout(p.to(gl.bfloat16), p_layout)
+            acc = warpgroup_mma(p_op, kv, acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(empty.index(s), count=1)
+        # the rows' output and lse (head_batched._finish_rows, in this layout)
+        heads = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=rows_o)
+        hmask = heads < H
+        l_o = gl.convert_layout(l_i, rows_o)
+        m_o = gl.convert_layout(m_i, rows_o)
+        has = l_o > 0.0
+        lse = gl.where(has, (m_o + gl.log2(gl.where(has, l_o, 1.0))) / 1.4426950408889634, float("-inf"))
+        out = acc / gl.expand_dims(gl.where(has, l_o, 1.0), 1)
+        if HAS_SINK:
+            sink = gl.load(SINK + heads, mask=hmask, other=0.0).to(gl.float32)
+            new_lse = gl.maximum(lse, sink) + gl.log(1.0 + gl.exp(-gl.abs(lse - sink)))
+            new_lse = gl.where(has, new_lse, sink)
+            out = out * gl.expand_dims(gl.exp(lse - new_lse), 1)
+            lse = new_lse
+        col = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+        o_ptr = (O + b * stride_ob + gl.expand_dims(heads, 1) * stride_oh + sp * stride_os
+                 + gl.expand_dims(col, 0))
+        gl.store(o_ptr, out.to(O.dtype.element_ty), mask=gl.expand_dims(hmask, 1))
+        gl.store(LSE + (b * H + heads) * nsplit + sp, lse, mask=hmask)
+
+    @gluon.jit
+    def _hopper_decode_kernel(Q, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
+                              qk_scale, K, H, split_len,
+                              stride_qb, stride_qh, stride_ib, stride_ob, stride_oh, stride_os,
+                              PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr,
+                              HAS_TOPK_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
+                              BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr,
+                              CHUNK: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                              D: gl.constexpr, NOPE: gl.constexpr, num_warps: gl.constexpr,
+                              LAUNCH_DEPENDENTS: gl.constexpr = False):
+        if LAUNCH_DEPENDENTS:
+            tl.extra.cuda.gdc_launch_dependents()      # let the combine launch now (it waits on the GPU)
+        b = gl.program_id(0)
+        hb = gl.program_id(1)
+        sp = gl.program_id(2)
+        nsplit = gl.num_programs(2)
+        n_valid = K
+        if HAS_TOPK_LEN:
+            n_valid = gl.minimum(gl.load(TOPK_LEN + b), K)
+        lo = sp * split_len
+        hi = gl.minimum(lo + split_len, n_valid)
+        row = b * stride_ib
+
+        # Q [BLOCK_H, 512] -> shared memory once; every tile's Q @ K^T reads it from there
+        q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, D], gl.bfloat16)
+        kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], gl.bfloat16)
+        ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+        heads = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld))
+        col = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
+        q = gl.load(Q + b * stride_qb + gl.expand_dims(heads, 1) * stride_qh + gl.expand_dims(col, 0),
+                    mask=gl.expand_dims(heads < H, 1), other=0.0)
+        q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D], q_layout, q.to(gl.bfloat16))
+        kv_bufs = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, D], kv_layout)
+        ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(NUM_BUF):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        fence_async_shared()
+
+        gl.warp_specialize([
+            (_consumer, (q_smem, kv_bufs, ready, empty, IDX, row, lo, hi, qk_scale, SINK, O, LSE, b, hb, sp, H,
+                         stride_ob, stride_oh, stride_os, nsplit, HAS_SINK, BLOCK_H, BLOCK_N, NUM_BUF, D)),
+            (_producer, (IDX, KV_U8, KV_BF16, kv_bufs, ready, empty, row, lo, hi,
+                         PAGE_SIZE, PAGE_BYTES, BLOCK_N, CHUNK, NUM_BUF, NOPE)),
+        ], [PRODUCER_WARPS], [PRODUCER_REGS])
+
+
+def nsplit_for(B: int, H: int, K: int, sms: int) -> int:
+    """Slices of the top-k row: enough programs to cover the SMs once (one program per SM: the
+    ring and Q take ~200 KB of shared memory), never a slice shorter than a tile. Shapes only."""
+    programs = B * triton.cdiv(H, BLOCK_H)
+    return max(1, min(triton.cdiv(K, BLOCK_N), sms // programs, MAX_SPLIT))
+
+
+def pdl_for(B: int, H: int, nsplit: int, sms: int) -> bool:
+    """The combine as a programmatic dependent launch where the split grid leaves at least half the
+    SMs idle (its programs wait on SMs nobody else needs): the lab's rule for split-K
+    (planning.launch_for, measured there: B = 1 13.8 -> 13.0 us, slower on fuller grids)."""
+    from ..planning import pdl_supported
+    return nsplit > 1 and 2 * B * triton.cdiv(H, BLOCK_H) * nsplit <= sms and pdl_supported()
+
+
+def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, nsplit: int, pdl: bool = False):
+    """One launch of the kernel. nsplit > 1: ``out`` / ``lse`` are the partial workspaces
+    [B, H, NSPLIT, 512] (bf16) / [B, H, NSPLIT] and ``attn_sink`` must be None (the merge applies it).
+    ``pdl``: the kernel lets a programmatic dependent launch (the combine) start early."""
+    B, H, D = q.shape
+    K = indices.shape[1]
+    if nsplit > 1 and attn_sink is not None:
+        raise ValueError("attn_sink: a split launch writes partials; the sink is applied by the merge")
+    split_len = triton.cdiv(triton.cdiv(K, nsplit), BLOCK_N) * BLOCK_N
+    _, u8, bf16 = cache_views(cache)
+    return _hopper_decode_kernel[(B, triton.cdiv(H, BLOCK_H), nsplit)](
+        q, u8, bf16, indices,
+        topk_len if topk_len is not None else lse,
+        attn_sink if attn_sink is not None else lse,
+        out, lse, sm_scale * LOG2E, K, H, split_len,
+        q.stride(0), q.stride(1), indices.stride(0), out.stride(0), out.stride(1),
+        out.stride(2) if nsplit > 1 else 0,
+        PAGE_SIZE=cache.page_size, PAGE_BYTES=cache.page_bytes,
+        HAS_TOPK_LEN=topk_len is not None, HAS_SINK=attn_sink is not None,
+        BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, NUM_BUF=NUM_BUF, CHUNK=CHUNK,
+        PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS, D=D, NOPE=448,
+        num_warps=NUM_WARPS, maxnreg=MAXNREG, LAUNCH_DEPENDENTS=pdl)
+
+
+@register("sparse_decode", "hopper", stage="beyond",
+          description="Gluon, sm_90: producer warp group (gather + dequant) and two wgmma consumer warp groups; "
+                      "NOT yet run on a GPU",
+          needs=("gpu", "sm_90"), max_scale_byte=lambda B, H, K: MAX_SCALE_BYTE)
+def sparse_decode_hopper(q, cache, indices, *, topk_len, sm_scale, attn_sink, nsplit: int | None = None):
+    """``nsplit``: slices of the top-k row (default nsplit_for's rule), for A/B runs."""
+    if nsplit is not None and not 1 <= nsplit <= MAX_SPLIT:
+        raise ValueError(f"nsplit must lie in [1, {MAX_SPLIT}], got {nsplit}")
+    why = unavailable_reason()
+    if why is not None:
+        raise ValueError(f"impl='hopper' needs a CUDA GPU with sm_90 (Hopper) and triton's Gluon: {why}. "
+                         f"Use impl='auto' instead")
+    B, H, D = q.shape
+    q = q.contiguous()
+    indices = indices.contiguous()
+    nsplit = nsplit or nsplit_for(B, H, indices.shape[1], info().sm_count)
+    out = alloc((B, H, D), torch.bfloat16, q.device)
+    lse = alloc((B, H), torch.float32, q.device)
+    if nsplit == 1:
+        launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, 1)
+        return finish(out), lse
+    o_part, lse_part = split_k.partials_for(B, H, nsplit, q.device, "bfloat16")
+    pdl = pdl_for(B, H, nsplit, info().sm_count)
+    launch(q, cache, indices, topk_len, sm_scale, None, o_part, lse_part, nsplit, pdl)
+    split_k.combine(o_part, lse_part, attn_sink, out, lse, pdl=pdl)
+    return finish(out), lse
+
+
+def compile_report(*, split: bool = False, page_size: int = 64, has_topk_len: bool = True,
+                   has_sink: bool = False, arch: int = 90) -> dict:
+    """The compiler's resource report (compile_report.report: registers, spills, shared memory,
+    the MMA instructions and counts of the PTX instructions that make the schedule) for the
+    kernel as ``launch`` compiles it, without a GPU (``DSV4LAB_MODE=compile``). ``split``: the
+    launch writes bf16 partials."""
+    from .. import compile_report as cr
+    from ..cache import page_bytes
+    if GLUON_ERROR is not None:
+        raise ValueError(f"triton.experimental.gluon could not be imported ({GLUON_ERROR})")
+    c = dict(PAGE_SIZE=page_size, PAGE_BYTES=page_bytes(page_size), HAS_TOPK_LEN=has_topk_len,
+             HAS_SINK=has_sink and not split, BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, NUM_BUF=NUM_BUF, CHUNK=CHUNK,
+             PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS, D=512, NOPE=448, num_warps=NUM_WARPS)
+    k = cr.compile_kernel(_hopper_decode_kernel, c, num_warps=NUM_WARPS, num_stages=1, arch=arch, maxnreg=MAXNREG)
+    return {"kernel": "hopper", "split": split, "block_h": BLOCK_H, "block_n": BLOCK_N, "num_buf": NUM_BUF,
+            "chunk": CHUNK, "num_warps": NUM_WARPS, "producer_warps": PRODUCER_WARPS,
+            "producer_regs": PRODUCER_REGS, "maxnreg": MAXNREG, "arch": arch, "triton": triton.__version__,
+            **cr.report(k, arch)}
+
+
+_PROBE = """
+import json, time, torch, dsv4lab
+from dsv4lab.testing import check_decode, make_decode_inputs
+t = time.time()
+inp = make_decode_inputs(2, 64, 200, context=300, topk_len=True, sink=True, pad_frac=0.1, seed=1)
+e_out, e_lse = check_decode("hopper", inp)
+torch.cuda.synchronize()
+print(json.dumps({"out_err": e_out, "lse_err": e_lse, "seconds": time.time() - t}))
+"""
+
+
+def probe(timeout_s: float = 90.0) -> dict:
+    """Run one small decode with this impl in a child process (GPU): {"ok", "out_err", "lse_err",
+    "seconds"} or {"ok": False, "error"}. A kernel that has never run may hang (an mbarrier phase
+    off by one never completes) or fault; in a child process that costs ``timeout_s`` and a row,
+    not the calling process (a hung CUDA context cannot be recovered in-process)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    try:
+        r = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"no answer in {timeout_s:.0f} s (a hang?)"}
+    if r.returncode != 0:
+        return {"ok": False, "error": (r.stderr or r.stdout)[-600:]}
+    from ..testing import LSE_TOL, OUT_TOL
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    return {"ok": got["out_err"] <= OUT_TOL and got["lse_err"] <= LSE_TOL, **got}
