@@ -42,7 +42,8 @@ STORY_CATEGORY = {DECODE: "sparse-MLA decode", FP32_GEMM: "FP32 SIMT GEMM", GLUE
 #: (category, regex): tried in order on a GPU kernel name (re.search), first match wins.
 RULES = [
     # the decode kernels: SGLang's SIMT kernel, the lab's SIMT / head-batched / story kernels, split-K's merge
-    (DECODE, r"_tiled_sparse_decode_kernel|_simt_decode_kernel|_head_batched_kernel|_story_kernel|_combine_kernel"),
+    (DECODE, r"_tiled_sparse_decode_kernel|_simt_decode_kernel|_head_batched_kernel|_story_kernel|_combine_kernel"
+             r"|_hopper_decode_kernel"),
     (INDEXER, r"_indexer_kernel"),
     (MOE, r"_moe_grouped_gemm_kernel"),
     # fp32 GEMMs without TF32 run on CUDA cores: ffma xmma/cutlass SIMT kernels, sgemm, float gemv

@@ -16,7 +16,7 @@ from dsv4lab.model import CPU_MODEL, Model, Stage
 
 EXPECTED = {
     P.DECODE: ["_tiled_sparse_decode_kernel", "_simt_decode_kernel", "_head_batched_kernel", "_story_kernel",
-               "_combine_kernel"],
+               "_combine_kernel", "_hopper_decode_kernel"],
     P.INDEXER: ["_indexer_kernel"],
     P.MOE: ["_moe_grouped_gemm_kernel"],
     P.FP32_GEMM: [
