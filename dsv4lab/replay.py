@@ -63,7 +63,6 @@ STAGES = (
           decode_impl="auto", indexer_impl="torch_bf16", mhc_gemm="bfloat16", max_context=8192),
 )
 STAGE_BY_NAME = {s.name: s for s in STAGES}
-MAIN_STAGES = ("S0", "S1", "S2", "S3", "S4")
 #: (before, after) pairs that get the story's before/after table
 TRANSITIONS = (("S0", "S1"), ("S1", "S2"), ("S2", "S3"), ("S3", "S4"), ("S1", "S1best"), ("S0", "S0cap"),
                ("S3", "S3cap"), ("S0", "S4"))
@@ -101,19 +100,15 @@ def stage_for(s: Stage, cfg: ModelConfig) -> Stage:
 def fit_step_time(concurrency, step_ms) -> dict:
     """Least squares step_ms = a + b x C: a (ms, the fixed cost of a step), b (ms per request,
     the marginal cost), r2, and the asymptote 1000 / b tok/s (what the story calls ~33 -> ~77)."""
-    C = [float(c) for c in concurrency]
-    y = [float(t) for t in step_ms]
-    if len(C) != len(y) or len(C) < 2 or len(set(C)) < 2:
+    import numpy as np
+    C, y = np.asarray(concurrency, dtype=float), np.asarray(step_ms, dtype=float)
+    if C.shape != y.shape or C.ndim != 1 or len(set(C.tolist())) < 2:
         raise ValueError(f"need >= 2 distinct concurrencies with one step time each, got {concurrency} / {step_ms}")
-    n = len(C)
-    mc, my = sum(C) / n, sum(y) / n
-    sxx = sum((c - mc) ** 2 for c in C)
-    b = sum((c - mc) * (t - my) for c, t in zip(C, y)) / sxx
-    a = my - b * mc
-    ss_tot = sum((t - my) ** 2 for t in y)
-    ss_res = sum((t - a - b * c) ** 2 for c, t in zip(C, y))
-    return dict(a_ms=a, b_ms=b, r2=1 - ss_res / ss_tot if ss_tot else 1.0,
-                asymptote_tok_s=1000.0 / b if b > 0 else float("inf"))
+    b, a = np.polyfit(C, y, 1)
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    ss_res = float(((y - a - b * C) ** 2).sum())
+    return dict(a_ms=float(a), b_ms=float(b), r2=1 - ss_res / ss_tot if ss_tot else 1.0,
+                asymptote_tok_s=1000.0 / float(b) if b > 0 else None)
 
 
 def tokens_per_s(C: int, step_ms: float) -> float:
@@ -447,25 +442,28 @@ def compile_lesson(out_json: str, stage_name: str = "S4", C: int = PROFILE_BATCH
         t0 = time.time()
         try:
             if "inside the capture" in variant:
+                row["phase"] = "capture (the first call compiles inside it)"
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g):
                     out = fn()
-                row["phase"] = "capture"
             else:
+                row["phase"] = "compile (two eager calls)"
                 fn()
                 fn()
                 torch.cuda.synchronize()
                 row["compile_s"] = time.time() - t0
-                row["phase"] = "capture"
+                row["phase"] = "capture (bench.capture: warm-ups, then the capture)"
                 g, out = bench.capture(fn)
             row["phase"] = "replay"
             times = replay_ms(g, 10)
-            row.update(ok=True, step_ms=_median(times), speedup_vs_baseline=base / _median(times),
+            row.update(ok=True, phase="done", step_ms=_median(times), speedup_vs_baseline=base / _median(times),
                        max_abs_logit_diff=float((out - ref).abs().max()),
                        finite=bool(torch.isfinite(out).all()))
             del g
         except Exception as e:
             row.update(ok=False, error_type=type(e).__name__, error=str(e)[:1500])
+            if e.__context__ is not None:                    # e.g. the capture's end failing after the first error
+                row["error_during"] = f"{type(e.__context__).__name__}: {str(e.__context__)[:800]}"
             try:
                 torch.cuda.synchronize()
             except Exception as e2:                              # a sticky CUDA error: stop here
