@@ -574,52 +574,72 @@ def story_comparison(results: dict) -> list:
 
     dec = (cat("S0", profile.DECODE, False), cat("S1", profile.DECODE, False))
     tot = [(_profile(results, s) or {}).get("total_us") for s in ("S0", "S1")]
-    diff = ("story: 8x RTX PRO 6000 Blackwell (sm_120, 188 SMs, GDDR7), the full model with real weights in an "
-            "SGLang server (scheduler, collectives, FP4 MoE), kernel time summed over its profiling window; "
-            "here: one GPU's share on this device, random weights, no collectives, MoE stand-in, per step "
-            "from CUDA-graph replay (see ASSUMPTIONS)")
+
+    def unit(txt, u):
+        return txt if txt == "n/a" else f"{txt} {u}"
+
+    per_step = "story: summed over its profiling window; here: one step's kernels (CUDA-graph replay)"
+    shares = ("story: the whole model with collectives, FP8 projections and FP4 MoE kernels; here: no collectives, "
+              "bf16 projections, a bf16 MoE stand-in reading FP4's bytes")
+    tput = ("story: an 8-GPU server's tok/s (scheduler, sampling, all-reduce included); here: one GPU's share, "
+            "C / step time")
     t = row("total")
     out = [
         dict(figure=f"total kernel time S0 -> S1 (batch {B})",
              story=f"{t.get('before_ms')} -> {t.get('after_ms')} ms "
                    f"({float(t.get('before_ms') or 1) / float(t.get('after_ms') or 1):.2f}x)",
-             here=pair(*(x / 1e3 if x else None for x in tot), fmt="{:.1f}") + " ms per step"
-                  + (f" ({tot[0] / tot[1]:.2f}x)" if all(tot) else "")),
+             here=unit(pair(*(x / 1e3 if x else None for x in tot), fmt="{:.1f}"), "ms per step")
+                  + (f" ({tot[0] / tot[1]:.2f}x)" if all(tot) else ""), differences=per_step),
         dict(figure="sparse-MLA decode kernel time S0 -> S1 (in the model)", story="5350 -> 850 ms (6.3x)",
-             here=pair(*dec, fmt="{:.2f}") + " ms per step" + (f" ({dec[0] / dec[1]:.1f}x)" if all(dec) else "")),
+             here=unit(pair(*dec, fmt="{:.2f}"), "ms per step") + (f" ({dec[0] / dec[1]:.1f}x)" if all(dec) else ""),
+             differences=per_step + "; story's kernels on sm_120 (188 SMs), here on this device"),
     ]
     for c, name in ((profile.DECODE, "sparse-MLA decode"), (profile.FP32_GEMM, "FP32 SIMT GEMM"),
                     (profile.GLUE, "elementwise/copy/reduce glue"), (profile.MOE, "FP4 MoE GEMM")):
         r = row(name)
         out.append(dict(figure=f"share: {name} S0 -> S1",
                         story=f"{r.get('before_share_pct')}% -> {r.get('after_share_pct')}%",
-                        here=pair(cat("S0", c), cat("S1", c), fmt="{:.1f}") + " %"))
+                        here=unit(pair(cat("S0", c), cat("S1", c), fmt="{:.1f}"), "%"), differences=shares))
     glue = {o["op"]: 100 * o["share"] for o in ((_profile(results, "S1") or {}).get("glue_ops", {}).get("ops", []))}
     out.append(dict(figure="glue by op after the MMA kernel (S1; % of glue + FP32 GEMM kernel time)",
                     story=", ".join(f"{k.removeprefix('aten::')} {v:g}%" for k, v in STORY_GLUE_OPS.items()),
                     here=", ".join(f"{k.removeprefix('aten::')} {glue.get(k, 0.0):.1f}%" for k in STORY_GLUE_OPS)
-                    if glue else "n/a"))
+                    if glue else "n/a",
+                    differences="here from one eager step by aten op (graph replays carry no op); the set is the "
+                                "kernels the rules call glue or FP32 GEMM"))
     for C in (1, 16, 64):
         r = thr.get(C, {})
         s_txt = (f"{r.get('before_tok_s')} -> {r.get('after_tok_s')} tok/s ({r.get('change_pct')}%)"
                  if r.get("before_tok_s") else f"{r.get('change_pct')}% (only the change was published)")
         a, b = tok("S0", C), tok("S1", C)
         out.append(dict(figure=f"throughput C={C}, S0 -> S1", story=s_txt,
-                        here=pair(a, b, fmt="{:.1f}") + " tok/s" + (f" ({100 * (b / a - 1):+.0f}%)" if a and b else "")))
+                        here=unit(pair(a, b, fmt="{:.1f}"), "tok/s") + (f" ({100 * (b / a - 1):+.0f}%)" if a and b else ""),
+                        differences=tput))
     out.append(dict(figure="marginal per-request cost b, S0 -> S1", story="~30 -> ~13 ms",
-                    here=pair(fit("S0", "b_ms"), fit("S1", "b_ms"), fmt="{:.2f}") + " ms"))
+                    here=unit(pair(fit("S0", "b_ms"), fit("S1", "b_ms"), fmt="{:.2f}"), "ms"), differences=tput))
     out.append(dict(figure="asymptote 1000/b, S0 -> S1", story="~33 -> ~77 tok/s",
-                    here=pair(fit("S0", "asymptote_tok_s"), fit("S1", "asymptote_tok_s"), fmt="{:.0f}") + " tok/s"))
-    cap = [ratio(tok("S0cap", C), tok("S0", C)) for C in (B, max(results.get("concurrency", [B])))]
-    out.append(dict(figure=f"cap context to 8192: throughput S0cap / S0 (C={B}, C={max(results.get('concurrency', [B]))})",
-                    story="17.9x", here=", ".join("n/a" if x is None else f"{x:.1f}x" for x in cap)))
+                    here=unit(pair(fit("S0", "asymptote_tok_s"), fit("S1", "asymptote_tok_s"), fmt="{:.0f}"), "tok/s"),
+                    differences=tput))
+    Cmax = max(results.get("concurrency", [B]))
+    cap = [ratio(tok("S0cap", C), tok("S0", C)) for C in (B, Cmax)]
+    out.append(dict(figure=f"cap context to 8192: throughput S0cap / S0 (C={B}, C={Cmax})", story="17.9x",
+                    here=", ".join("n/a" if x is None else f"{x:.1f}x" for x in cap),
+                    differences=tput + "; the story's concurrency for this figure was not published"))
     c1, c2 = ratio(tok("S1", 1), tok("S0", 1)), ratio(tok("S2", 1), tok("S0", 1))
     out.append(dict(figure="C=1: S1 vs S0 (and S2 vs S0) tok/s", story="-29% (S1's grid: 2 programs at B=1)",
                     here="n/a" if c1 is None else f"{100 * (c1 - 1):+.0f}% (S2: "
-                    + ("n/a" if c2 is None else f"{100 * (c2 - 1):+.0f}%") + ")"))
+                    + ("n/a" if c2 is None else f"{100 * (c2 - 1):+.0f}%") + ")",
+                    differences=f"{tput}; at B=1 S1 launches 2 programs: on the story's 188 SMs, here on "
+                                f"{results.get('environment', {}).get('device', {}).get('sm_count') or 'no'} SMs"))
     for r in out:
-        r["setup differences"] = diff
+        r["setup differences"] = r.pop("differences")
     return out
+
+
+#: what every row of the story table shares (tables.md prints it once above the table)
+STORY_SETUP = ("The story: 8x RTX PRO 6000 Blackwell (sm_120, 188 SMs, GDDR7 ~1.8 TB/s), DeepSeek-V4-Flash with its "
+               "weights in an SGLang server at a steady batch of 32. Here: one GPU's share of the same shapes on this "
+               "device, random weights, no collectives, the MoE stand-in (dsv4lab.model.ASSUMPTIONS).")
 
 
 def throughput_lines(ax, results: dict, names):
@@ -648,7 +668,7 @@ def decode_table(results: dict) -> list:
     rows = []
     for n, st in results.get("stages", {}).items():
         for C, p in sorted(st.get("profiles", {}).items(), key=lambda kv: int(kv[0])):
-            rows.append(dict(stage=n, C=int(C), what="all layers, graph replay", calls=2 * len(results["config"]["layer_ratios"])
+            rows.append(dict(stage=n, C=int(C), what=f"all layers ({p['source'].split(':')[0]})", calls=2 * len(results["config"]["layer_ratios"])
                              - results["config"]["layer_ratios"].count(0), decode_ms=p["by_category"].get(profile.DECODE, 0) / 1e3,
                              share_pct=100 * p["by_category"].get(profile.DECODE, 0) / p["total_us"] if p["total_us"] else 0))
             for r in p.get("decode_by_kind", []):
@@ -715,7 +735,7 @@ def write_outputs(out: Path, results: dict, quick: bool):
            "", "## Isolated decode calls (one call per CUDA graph)", "", _md(results.get("isolated_decode", [])),
            "", f"## S0's glue vs the number of ratio-4 layers (C = {gs.get('C')})", "", _md(gs.get("rows", [])),
            "", _md([gs["fit"]]) if gs.get("fit") else "",
-           "", "## The story beside this run", "", _md(story),
+           "", "## The story beside this run", "", STORY_SETUP, "", _md(story),
            "", "## torch.compile lesson", "", _md(results.get("compile_lesson", {}).get("variants", [])),
            "", "## The classifier: unclassified share, and kernels launched where their category says they cannot be",
            "", _md([dict(stage=n, C=p["C"], unclassified_pct=100 * p["unclassified_share"],
