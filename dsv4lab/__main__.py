@@ -72,7 +72,7 @@ def main(argv=None):
     prp.add_argument("--quick", action="store_true", help="the CPU preset's small shapes (what a CPU runs anyway)")
     prp.add_argument("--stages", nargs="+", help="stage names (default all: S0 S1 S2 S3 S4 S1best S0cap S3cap)")
     prp.add_argument("--out", default="reproduce", help="folder for the tables, plots and JSON")
-    prp.add_argument("--budget-s", type=float, help="GPU: stop adding work after this many seconds (default 540)")
+    prp.add_argument("--budget-s", type=float, help="GPU: start no new work after this many seconds (default 520)")
     prp.add_argument("--no-compile", action="store_true", help="skip the torch.compile lesson")
     prp.add_argument("--layers", nargs=3, type=int, metavar=("WINDOW", "RATIO4", "RATIO128"),
                      help="the layer mix (default 2 21 20; the CPU preset 1 1 1)")
