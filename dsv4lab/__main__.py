@@ -77,10 +77,7 @@ def main(argv=None):
     prp.add_argument("--layers", nargs=3, type=int, metavar=("WINDOW", "RATIO4", "RATIO128"),
                      help="the layer mix (default 2 21 20; the CPU preset 1 1 1)")
     prp.add_argument("--live-context", type=int, help="tokens each request holds (default 8192)")
-    prp.set_defaults(fn=lambda a: __import__("dsv4lab.replay", fromlist=["main"]).main(
-        a.out, a.quick, a.stages, a.budget_s, not a.no_compile, config={
-            **(dict(zip(("layers_window", "layers_c4", "layers_c128"), a.layers)) if a.layers else {}),
-            **(dict(live_context=a.live_context) if a.live_context else {})}))
+    prp.set_defaults(fn=lambda a: __import__("dsv4lab.replay", fromlist=["cli"]).cli(a))
     prm = sub.add_parser("readme", help="rewrite README.md's measured tables from data/ (--check: only compare)")
     prm.add_argument("--check", action="store_true", help="exit 1 if a table differs from the data")
     prm.set_defaults(fn=_readme)

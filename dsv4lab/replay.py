@@ -858,6 +858,16 @@ def main(out="reproduce", quick: bool = False, stages=None, budget_s: float | No
     return results
 
 
+def cli(args) -> dict:
+    """``python -m dsv4lab reproduce``'s arguments -> main()."""
+    config = {}
+    if args.layers:
+        config.update(zip(("layers_window", "layers_c4", "layers_c128"), args.layers))
+    if args.live_context:
+        config["live_context"] = args.live_context
+    return main(args.out, args.quick, args.stages, args.budget_s, not args.no_compile, config)
+
+
 def _child(argv=None):
     p = argparse.ArgumentParser(prog="python -m dsv4lab.replay")
     p.add_argument("--compile-lesson", required=True, help="write the torch.compile lesson's JSON here")
