@@ -157,3 +157,41 @@ def programs_vs_sms(ax, programs: dict, sms: dict):
     ax.tick_params(axis="x", labelsize=8)
     ax.legend(fontsize=8)
     return ax
+
+
+def indexer_step_vs_max(ax, df, col="graph_us"):
+    """The whole indexer step (logits + top-k) against the max context, one line per impl (log-log),
+    from rows kind="step_vs_max" (experiments/indexer_topk); the Triton step's byte floor (its live
+    bytes at the copy ceiling) dashed: a step that pays for the live context stays flat."""
+    d = df[df["kind"] == "step_vs_max"].dropna(subset=[col])
+    for impl, g in d.groupby("impl"):
+        g = g.sort_values("max_seq_len")
+        ax.loglog(g["max_seq_len"], g[col], "o-" if impl == "triton" else "s:", label=impl)
+    fl = d[d["impl"] == "triton"].dropna(subset=["floor_us"]).sort_values("max_seq_len")
+    if len(fl):
+        ax.loglog(fl["max_seq_len"], fl["floor_us"], "k--", label="floor: the live bytes at the copy ceiling")
+    live = sorted(d["live"].unique())
+    ax.set_xlabel(f"max context (tokens; {', '.join(str(int(x)) for x in live)} live a request)")
+    ax.set_ylabel("logits + top-k, us per step (graph replay)")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def indexer_step_vs_live(ax, df):
+    """The Triton step, its logits and its top-k against the live length (log-log), from rows
+    kind="step_vs_live" (experiments/indexer_topk), with the step's byte floor dashed."""
+    d = df[df["kind"] == "step_vs_live"].sort_values("live")
+    for col, style, label in (("graph_us", "o-", "logits + top-k"), ("logits_us", "s-", "logits (live pages only)"),
+                              ("topk_us", "^-", "top-k (live prefix only)")):
+        g = d.dropna(subset=[col])
+        ax.loglog(g["live"], g[col], style, label=label)
+    g = d.dropna(subset=["floor_us"])
+    if len(g):
+        ax.loglog(g["live"], g["floor_us"], "k--", label="floor: the step's bytes at the copy ceiling")
+    mx = sorted(d["max_seq_len"].unique())
+    ax.set_xlabel(f"live tokens a request (max context {', '.join(str(int(x)) for x in mx)})")
+    ax.set_ylabel("us per call (graph replay)")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8)
+    return ax

@@ -86,16 +86,22 @@ def _load_keys(row, c, offs, n):
 
 @triton.jit
 def _emit(out, key, pos, himask, prefix, k_rem, eq_seen, taken):
-    """Store the chosen positions of one tile at their slots; return the running counts."""
+    """Store the chosen positions of one tile at their slots; return the running counts (keys
+    equal to the threshold seen so far, positions stored so far). One scan for both counts: keys
+    above the threshold in the high 16 bits, keys at it in the low 16 (a tile holds < 2^16)."""
     top = key & himask
     ok = key != 0
-    gt = ok & (top > prefix)
-    eq = ok & (top == prefix)
-    eq_rank = eq_seen + tl.cumsum(eq.to(tl.int32), 0)                # ties: lower positions first
-    sel = gt | (eq & (eq_rank <= k_rem))
-    slot = taken + tl.cumsum(sel.to(tl.int32), 0) - 1
+    gt = (ok & (top > prefix)).to(tl.int32)
+    eq = (ok & (top == prefix)).to(tl.int32)
+    c = tl.cumsum((gt << 16) | eq, 0)
+    gt_before = (c >> 16) - gt                                       # in this tile, exclusive
+    eq_before = eq_seen + (c & 0xFFFF) - eq                          # in the row, exclusive
+    sel = (gt != 0) | ((eq != 0) & (eq_before < k_rem))              # ties: the lower positions first
+    slot = taken + gt_before + tl.minimum(eq_before, k_rem) - tl.minimum(eq_seen, k_rem)
     tl.store(out + slot, pos, mask=sel)
-    return eq_seen + tl.sum(eq.to(tl.int32), 0), taken + tl.sum(sel.to(tl.int32), 0)
+    n_gt = tl.sum(gt, 0)
+    n_eq = tl.sum(eq, 0)
+    return eq_seen + n_eq, taken + n_gt + tl.minimum(eq_seen + n_eq, k_rem) - tl.minimum(eq_seen, k_rem)
 
 
 @triton.jit
@@ -159,8 +165,8 @@ def topk_triton(logits: torch.Tensor, seq_lens: torch.Tensor, k: int, *, launch:
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
     launch = launch or TOPK
-    if launch.tile & (launch.tile - 1) or launch.tile < 32 or launch.radix not in (5, 6, 7, 8):
-        raise ValueError(f"tile must be a power of two >= 32 and radix in 5..8, got {launch}")
+    if launch.tile & (launch.tile - 1) or not 32 <= launch.tile <= 32768 or launch.radix not in (5, 6, 7, 8):
+        raise ValueError(f"tile must be a power of two in [32, 32768] and radix in 5..8, got {launch}")
     out = alloc((B, k), torch.int32, logits.device)
     if B == 0:
         return out
