@@ -27,10 +27,13 @@ def _lens(*v):
     return torch.tensor(v, dtype=torch.int32)
 
 
-@pytest.mark.parametrize("launch", [None, SMALL, TopkLaunch(tile=128, radix=8)], ids=["one tile", "tiles of 64", "radix 8"])
+@pytest.mark.parametrize("launch", [None, SMALL, TopkLaunch(tile=128, radix=8), TopkLaunch(anchor=0)],
+                         ids=["one tile", "tiles of 64", "radix 8", "no anchor pass"])
 def test_topk_is_the_contract_on_distinct_logits(launch):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(5, 300, generator=g)
+    x[2] = -x[2].abs()                          # all negative: the anchor's buckets miss, passes from the top
+    x[4, 7] = 1e30                              # an outlier far above the rest: the same
     n = _lens(300, 299, 64, 1, 170)
     for k in (1, 17, 64, 300, 400):
         got = _topk(x, n, k, launch)

@@ -8,14 +8,21 @@ positions < n. The select is a radix select on order-preserving integer keys:
     key(x) = bits(x) with the sign bit flipped for x >= 0 and all bits flipped for x < 0
              (an unsigned key that orders exactly like the float; -0.0 and +0.0 share one key)
 
+    pass 0: the row's largest key anchors 32 buckets: the 31 ``ANCHOR``-bit key prefixes at and
+            below the largest one's (1/8 octave each for 12 bits: four octaves of values) and
+            one for everything lower. The bucket holding the k-th largest fixes the first
+            ``ANCHOR`` bits of the threshold, unless it is the lowest one (the top-k reaches more
+            than four octaves below the maximum): then the passes start from the top bit.
     pass p: histogram of the next RADIX bits of the keys that match the prefix fixed so far,
             then the digit d holding the k_rem-th largest: keys above d are in, keys below are
             out, d is appended to the prefix and only its bucket is refined next pass.
 
 The passes stop as soon as the bucket of the threshold is needed whole (or all 32 bits are
-fixed), so rows of distinct values typically take 3-5 passes of 5 bits. A last pass writes the
-chosen positions. Each pass reads the row from registers when it fits in one tile of ``TILE``
-positions, else streams the rest of it tile by tile (the first tile stays in registers).
+fixed): the indexer's logits (B = 32, 8192 live, k = 512) take 3 passes in all, against 4-5 without
+the anchor. A last pass writes the chosen positions. Each pass reads the row from registers when
+it fits in one tile of ``TILE`` positions, else streams the rest of it tile by tile (the first
+tile stays in registers). Every pass costs a histogram over the whole tile (Triton's is built
+from warp ballots, ~44 instructions a key at 32 bins), so the kernel's time is passes x tile.
 
 The contract (``reference.topk_positions`` is the same in float64):
 
@@ -46,10 +53,12 @@ class TopkLaunch:
     ``tile``: positions a program holds in registers at once (8192: the campaign's live length
     in one tile); ``radix``: key bits resolved per pass (5: 32 bins, the fewest Triton's
     histogram takes, one per lane of a warp; the cost per key of its ballot-based histogram grows
-    with the bins); ``num_warps``: one program per row, so 8 warps hold 8192 keys as 32 a thread."""
+    with the bins); ``num_warps``: one program per row, so 8 warps hold 8192 keys as 32 a thread;
+    ``anchor``: the key bits of pass 0's buckets (0: no pass 0, the radix starts at the top bit)."""
     tile: int = 8192
     radix: int = 5
     num_warps: int = 8
+    anchor: int = 12
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -76,6 +85,26 @@ def _digit_hist(key, himask, prefix, lo, dmask, NB: tl.constexpr):
     """Histogram of the digit (key >> lo) & dmask over the valid keys whose fixed bits match prefix."""
     match = (key != 0) & ((key & himask) == prefix)
     return tl.histogram(((key >> lo) & dmask).to(tl.int32), NB, mask=match)
+
+
+@triton.jit
+def _anchor_hist(key, base, SH: tl.constexpr, NB: tl.constexpr):
+    """Histogram of the anchored buckets: key prefix (key >> SH) - base, clamped to [0, NB - 1]."""
+    b = tl.minimum(tl.maximum((key >> SH).to(tl.int32) - base, 0), NB - 1)
+    return tl.histogram(b, NB, mask=key != 0)
+
+
+@triton.jit
+def _select_digit(h, bins, k_rem):
+    """For a histogram ``h`` of the candidates: (the digit holding the k_rem-th largest, how many
+    are above it, how many are in it, k_rem capped at the candidates' count)."""
+    tot = tl.sum(h, 0)
+    k_rem = tl.minimum(k_rem, tot)                                 # fewer valid keys than k: all of them
+    at_or_above = tot - tl.cumsum(h, 0) + h                        # keys with digit >= d
+    d = tl.max(tl.where(at_or_above >= k_rem, bins, 0), 0)         # (bin 0 always qualifies)
+    above = tl.sum(tl.where(bins > d, h, 0), 0)
+    in_d = tl.sum(tl.where(bins == d, h, 0), 0)
+    return d, above, in_d, k_rem
 
 
 @triton.jit
@@ -106,7 +135,8 @@ def _emit(out, key, pos, himask, prefix, k_rem, eq_seen, taken):
 
 @triton.jit
 def _topk_kernel(X, SEQ, OUT, width, k, stride_xb, stride_ob,
-                 TILE: tl.constexpr, RADIX: tl.constexpr, OUT_BLOCK: tl.constexpr):
+                 TILE: tl.constexpr, RADIX: tl.constexpr, OUT_BLOCK: tl.constexpr,
+                 ANCHOR: tl.constexpr = 12):
     b = tl.program_id(0).to(tl.int64)
     n = tl.minimum(tl.maximum(tl.load(SEQ + b), 0), width)
     row = X + b * stride_xb
@@ -120,18 +150,29 @@ def _topk_kernel(X, SEQ, OUT, width, k, stride_xb, stride_ob,
     lo = tl.full([], 32, tl.int32)         # bits lo..31 are fixed
     k_rem = k                              # how many keys equal to the prefix are still wanted
     busy = lo > 0
+    if ANCHOR > 0:
+        SH: tl.constexpr = 32 - ANCHOR
+        kmax = tl.max(key0, 0)
+        for c in range(TILE, n, TILE):
+            kmax = tl.maximum(kmax, tl.max(_load_keys(row, c, offs, n), 0))
+        base = (kmax >> SH).to(tl.int32) - (NB - 1)
+        h = _anchor_hist(key0, base, SH, NB)
+        for c in range(TILE, n, TILE):
+            h += _anchor_hist(_load_keys(row, c, offs, n), base, SH, NB)
+        d, above, in_d, k_rem = _select_digit(h, bins, k_rem)
+        hit = d > 0                        # the lowest bucket holds every lower prefix: start from the top
+        prefix = tl.where(hit, ((base + d) << SH).to(tl.uint32), prefix)
+        himask = tl.where(hit, (tl.full([], -1, tl.int32) << SH).to(tl.uint32, bitcast=True), himask)
+        lo = tl.where(hit, SH, lo)
+        k_rem = tl.where(hit, k_rem - above, k_rem)
+        busy = tl.where(hit, in_d > k_rem, busy)
     while busy:
         new_lo = tl.maximum(lo - RADIX, 0)
         dmask = ((1 << (lo - new_lo)) - 1).to(tl.uint32)
         h = _digit_hist(key0, himask, prefix, new_lo, dmask, NB)
         for c in range(TILE, n, TILE):
             h += _digit_hist(_load_keys(row, c, offs, n), himask, prefix, new_lo, dmask, NB)
-        tot = tl.sum(h, 0)
-        k_rem = tl.minimum(k_rem, tot)                                 # fewer valid keys than k: all of them
-        at_or_above = tot - tl.cumsum(h, 0) + h                        # keys with digit >= d
-        d = tl.max(tl.where(at_or_above >= k_rem, bins, 0), 0)         # the digit of the k_rem-th largest
-        above = tl.sum(tl.where(bins > d, h, 0), 0)
-        in_d = tl.sum(tl.where(bins == d, h, 0), 0)
+        d, above, in_d, k_rem = _select_digit(h, bins, k_rem)         # the digit of the k_rem-th largest
         k_rem = k_rem - above
         prefix = prefix | (d.to(tl.uint32) << new_lo)
         himask = himask | (dmask << new_lo)
@@ -165,12 +206,13 @@ def topk_triton(logits: torch.Tensor, seq_lens: torch.Tensor, k: int, *, launch:
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
     launch = launch or TOPK
-    if launch.tile & (launch.tile - 1) or not 32 <= launch.tile <= 32768 or launch.radix not in (5, 6, 7, 8):
-        raise ValueError(f"tile must be a power of two in [32, 32768] and radix in 5..8, got {launch}")
+    if launch.tile & (launch.tile - 1) or not 32 <= launch.tile <= 32768 or launch.radix not in (5, 6, 7, 8) \
+            or not 0 <= launch.anchor <= 16:
+        raise ValueError(f"tile must be a power of two in [32, 32768], radix in 5..8 and anchor in 0..16, got {launch}")
     out = alloc((B, k), torch.int32, logits.device)
     if B == 0:
         return out
     _topk_kernel[(B,)](logits, seq_lens, out, width, k, logits.stride(0), out.stride(0),
-                       TILE=launch.tile, RADIX=launch.radix, OUT_BLOCK=min(OUT_BLOCK, triton.next_power_of_2(k)),
+                       TILE=launch.tile, RADIX=launch.radix, OUT_BLOCK=min(OUT_BLOCK, triton.next_power_of_2(k)), ANCHOR=launch.anchor,
                        num_warps=launch.num_warps)
     return out
