@@ -23,6 +23,8 @@ RUNNABLE = {
     "combine_launch_shape/combine_shape.py": [],
     "fp8_dequant_by_integer_ops/dequant.py": [],
     "indexer_page_loop/indexer_sweep.py": [],
+    "indexer_topk/run.py": [],
+    "indexer_selection_quality/quality.py": [],
     "kernel_loop_prefetch/loops.py": [],
     "pdl_for_the_combine/pdl.py": [],
     "split_partials_dtype/partials.py": [],

@@ -54,8 +54,8 @@ LOGITS_VARIANTS = [
     LogitsLaunch(prefetch=0, dot="fp16", maxnreg=64), LogitsLaunch(prefetch=0, dot="fp16", maxnreg=64, programs_per_sm=16),
     LogitsLaunch(num_warps=8, dot="fp16"), LogitsLaunch(num_warps=8, prefetch=2, dot="fp16"),
 ]
-TOPK_VARIANTS = [TOPK, TopkLaunch(num_warps=16), TopkLaunch(num_warps=4), TopkLaunch(radix=6), TopkLaunch(radix=8),
-                 TopkLaunch(tile=4096), TopkLaunch(tile=16384, num_warps=16)]
+TOPK_VARIANTS = [TOPK, TopkLaunch(num_warps=16), TopkLaunch(radix=6), TopkLaunch(anchor=0), TopkLaunch(anchor=11),
+                 TopkLaunch(tile=4096), TopkLaunch(tile=4096, num_warps=4)]
 #: the shapes the variants are timed at: (B, live tokens a request, max context)
 VARIANT_SHAPES = [(32, 8192, 262208), (32, 65536, 65536), (1, 8192, 262208)]
 
