@@ -159,6 +159,19 @@ def programs_vs_sms(ax, programs: dict, sms: dict):
     return ax
 
 
+
+def _with_floor(ax, d, x, floor_label, xlabel, ylabel):
+    """The dashed floor (column floor_us of ``d`` against ``x``), axis labels, grid and legend."""
+    g = d.dropna(subset=["floor_us"]).sort_values(x)
+    if len(g):
+        ax.loglog(g[x], g["floor_us"], "k--", label=floor_label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8)
+    return ax
+
+
 def indexer_step_vs_max(ax, df, col="graph_us"):
     """The whole indexer step (logits + top-k) against the max context, one line per impl (log-log),
     from rows kind="step_vs_max" (experiments/indexer_topk); the Triton step's byte floor (its live
@@ -167,15 +180,9 @@ def indexer_step_vs_max(ax, df, col="graph_us"):
     for impl, g in d.groupby("impl"):
         g = g.sort_values("max_seq_len")
         ax.loglog(g["max_seq_len"], g[col], "o-" if impl == "triton" else "s:", label=impl)
-    fl = d[d["impl"] == "triton"].dropna(subset=["floor_us"]).sort_values("max_seq_len")
-    if len(fl):
-        ax.loglog(fl["max_seq_len"], fl["floor_us"], "k--", label="floor: the live bytes at the copy ceiling")
-    live = sorted(d["live"].unique())
-    ax.set_xlabel(f"max context (tokens; {', '.join(str(int(x)) for x in live)} live a request)")
-    ax.set_ylabel("logits + top-k, us per step (graph replay)")
-    ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=8)
-    return ax
+    live = ", ".join(str(int(x)) for x in sorted(d["live"].unique()))
+    return _with_floor(ax, d[d["impl"] == "triton"], "max_seq_len", "floor: the live bytes at the copy ceiling",
+                       f"max context (tokens; {live} live a request)", "logits + top-k, us per step (graph replay)")
 
 
 def indexer_step_vs_live(ax, df):
@@ -186,12 +193,6 @@ def indexer_step_vs_live(ax, df):
                               ("topk_us", "^-", "top-k (live prefix only)")):
         g = d.dropna(subset=[col])
         ax.loglog(g["live"], g[col], style, label=label)
-    g = d.dropna(subset=["floor_us"])
-    if len(g):
-        ax.loglog(g["live"], g["floor_us"], "k--", label="floor: the step's bytes at the copy ceiling")
-    mx = sorted(d["max_seq_len"].unique())
-    ax.set_xlabel(f"live tokens a request (max context {', '.join(str(int(x)) for x in mx)})")
-    ax.set_ylabel("us per call (graph replay)")
-    ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=8)
-    return ax
+    mx = ", ".join(str(int(x)) for x in sorted(d["max_seq_len"].unique()))
+    return _with_floor(ax, d, "live", "floor: the step's bytes at the copy ceiling",
+                       f"live tokens a request (max context {mx})", "us per call (graph replay)")

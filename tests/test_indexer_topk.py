@@ -253,3 +253,22 @@ def test_random_shapes_property():
         assert torch.equal(got, want)
         assert topk_recall(got, reference.topk_indices(ref, k), ref) == 1.0
     check()
+
+
+def test_step_plots_draw_every_impl_and_the_floor():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    from dsv4lab import plots
+    rows = [dict(kind="step_vs_max", impl=i, live=8192, max_seq_len=L, graph_us=t * L / 8192, floor_us=9.0)
+            for i, t in (("torch_fp32", 500.0), ("triton", 1.0)) for L in (8192, 65536)]
+    rows += [dict(kind="step_vs_live", impl="triton", live=n, max_seq_len=2**20, graph_us=n / 100, logits_us=n / 200,
+                  topk_us=None if n == 1024 else 5.0, floor_us=n / 1000) for n in (1024, 8192)]
+    fig, (a, b) = plt.subplots(1, 2)
+    plots.indexer_step_vs_max(a, pd.DataFrame(rows))
+    plots.indexer_step_vs_live(b, pd.DataFrame(rows))
+    assert [t.get_text() for t in a.get_legend().get_texts()][:2] == ["torch_fp32", "triton"]
+    assert len(a.get_lines()) == 3 and len(b.get_lines()) == 4
+    assert len(b.get_lines()[2].get_xdata()) == 1                      # a missing time is left out, not drawn as 0
+    plt.close(fig)
