@@ -66,10 +66,8 @@ class LogitsLaunch:
 LOGITS = LogitsLaunch()
 #: positions one program sets to -inf per store in the dead region
 FILL = 1024
-#: kept for readers of the previous interface (notebook 05 computes the grid from it)
+#: the shipped launch's programs per SM (notebook 05 computes the grid from it)
 PROGRAMS_PER_SM = LOGITS.programs_per_sm
-NUM_STAGES = LOGITS.num_stages
-PREFETCH = LOGITS.prefetch
 
 
 @triton.jit

@@ -19,7 +19,7 @@ centre score nearly alike, so the threshold cuts through near-ties), "low_rank" 
 repeated text: exact ties).
 
 Default: B = 8, 2048 live tokens, 12 draws a structure (CPU, Triton's interpreter: a few minutes).
-``--full``: B = 32, 8192 live, 100 draws (a GPU: ~1-2 minutes). ``--cpu-smoke``: one tiny draw.
+``--full``: B = 32, 8192 live, 25 draws (a GPU: ~5 minutes, most of it on the host). ``--cpu-smoke``: one tiny draw.
 """
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 
@@ -155,12 +155,12 @@ def summary(rows):
 
 def main(argv=None):
     def add(p):
-        p.add_argument("--full", action="store_true", help="B=32, 8192 live, 100 draws a structure (for a GPU)")
+        p.add_argument("--full", action="store_true", help="B=32, 8192 live, 25 draws a structure (for a GPU)")
     a = ab.parse_args(__doc__, add, argv)
     if a.cpu_smoke:
         B, live, draws = 2, 600, 1
     elif a.full:
-        B, live, draws = 32, 8192, 100
+        B, live, draws = 32, 8192, 25
     else:
         B, live, draws = 8, 2048, 12
     rows = []

@@ -75,6 +75,17 @@ def logits_bytes(inp) -> int:
     return live * (INDEX_TOKEN_BYTES + 4) + B * Hi * (D * inp.q.element_size() + 4)
 
 
+def available(impl) -> bool:
+    """Whether what the impl needs beyond the lab is here (SGLang's wheel for impl "sglang")."""
+    if "sglang" in api.impl_info("indexer_topk", impl).needs:
+        from dsv4lab.kernels import indexer_gemm
+        try:
+            indexer_gemm.sglang_indexer_file()
+        except ImportError:
+            return False
+    return True
+
+
 def registered(impl):
     """The impl's top-k as a captured graph runs it: the registered function, no API checks."""
     fn = api.impl_info("indexer_topk", impl).fn
@@ -220,7 +231,7 @@ def main(argv=None):
     # 2./3. the step against the max context, every impl (torch paths at fewer sizes)
     max_lens = [300, 700] if smoke else [8192, 32768, 65536, 131072, 262208, 524288, 1048576]
     torch_lens = [300] if smoke else [8192, 65536, 262208]
-    impls = [i for i in api.impls("indexer_topk") if i != "reference"]
+    impls = [i for i in api.impls("indexer_topk") if i != "reference" and available(i)]
     times = {}
     for L in max_lens:
         inp = make_indexer_inputs(B, H, L, seq_lens=live, seed=13)
