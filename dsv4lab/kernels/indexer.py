@@ -16,7 +16,9 @@ fill loop that stores -inf and reads nothing (the public ``indexer_logits`` cont
 kernels/topk.py over each row's live prefix: the whole step reads and writes bytes that follow
 the live context only. What still scales with max_seq_len there: the [B, max_seq_len] fp32 logits
 *allocation* (graph-safe code cannot size a buffer from device data), of which only the live
-positions are written and read, and the page table's shape (only live entries are used).
+positions are written and read, and the page table's shape (only live entries are used). Outside
+a captured graph, the API's range check (``api.check_indexer_args``) reads the whole page table on
+the host; the registered functions, which a graph captures, do not.
 
 Page-table safety (no host check runs under CUDA-graph capture): an entry of a live page outside
 [0, num_pages) is never dereferenced; that page's 64 positions get -inf, so the top-k never

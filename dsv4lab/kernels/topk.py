@@ -161,8 +161,8 @@ def _topk_kernel(X, SEQ, OUT, width, k, stride_xb, stride_ob,
             h += _anchor_hist(_load_keys(row, c, offs, n), base, SH, NB)
         d, above, in_d, k_rem = _select_digit(h, bins, k_rem)
         hit = d > 0                        # the lowest bucket holds every lower prefix: start from the top
-        prefix = tl.where(hit, ((base + d) << SH).to(tl.uint32), prefix)
-        himask = tl.where(hit, (tl.full([], -1, tl.int32) << SH).to(tl.uint32, bitcast=True), himask)
+        prefix = tl.where(hit, (base + d).to(tl.uint32) << SH, prefix)          # shifted as unsigned: no overflow
+        himask = tl.where(hit, ~tl.zeros([], tl.uint32) << SH, himask)
         lo = tl.where(hit, SH, lo)
         k_rem = tl.where(hit, k_rem - above, k_rem)
         busy = tl.where(hit, in_d > k_rem, busy)
