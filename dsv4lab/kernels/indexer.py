@@ -226,8 +226,9 @@ def logits_triton(q, index_cache: IndexKCache, weights, seq_lens, page_table, ma
     raw = index_cache.kv.reshape(-1)
     g = (B, nprog) if nprog is not None else grid(B, max_seq_len, index_cache.page_size, launch.programs_per_sm)
     _indexer_kernel[g](
-        q, weights, raw.view(torch.float8_e4m3fn), raw.view(torch.float32), seq_lens, page_table, out, max_seq_len, index_cache.num_pages,
-        page_table.shape[1], q.stride(0), q.stride(1), weights.stride(0), page_table.stride(0), out.stride(0),
+        q, weights, raw.view(torch.float8_e4m3fn), raw.view(torch.float32), seq_lens, page_table, out, max_seq_len,
+        index_cache.num_pages, page_table.shape[1],
+        q.stride(0), q.stride(1), weights.stride(0), page_table.stride(0), out.stride(0),
         H=H, HP=max(16, triton.next_power_of_2(H)), D=D, PAGE=index_cache.page_size, FILL=FILL, DOT=dot,
         PREFETCH=launch.prefetch, FILL_DEAD=fill_dead, ROUND_FP16=round16,
         num_warps=launch.num_warps, num_stages=launch.num_stages,

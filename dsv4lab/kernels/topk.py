@@ -8,9 +8,9 @@ positions < n. The select is a radix select on order-preserving integer keys:
     key(x) = bits(x) with the sign bit flipped for x >= 0 and all bits flipped for x < 0
              (an unsigned key that orders exactly like the float; -0.0 and +0.0 share one key)
 
-    pass 0: the row's largest key anchors 32 buckets: the 31 ``ANCHOR``-bit key prefixes at and
-            below the largest one's (1/8 octave each for 12 bits: four octaves of values) and
-            one for everything lower. The bucket holding the k-th largest fixes the first
+    pass 0: the row's largest key anchors 2^RADIX buckets (32): the 31 ``ANCHOR``-bit key prefixes
+            at and below the largest one's (1/8 octave each for 12 bits: four octaves of values)
+            and one for everything lower. The bucket holding the k-th largest fixes the first
             ``ANCHOR`` bits of the threshold, unless it is the lowest one (the top-k reaches more
             than four octaves below the maximum): then the passes start from the top bit.
     pass p: histogram of the next RADIX bits of the keys that match the prefix fixed so far,
@@ -18,8 +18,8 @@ positions < n. The select is a radix select on order-preserving integer keys:
             out, d is appended to the prefix and only its bucket is refined next pass.
 
 The passes stop as soon as the bucket of the threshold is needed whole (or all 32 bits are
-fixed): the indexer's logits (B = 32, 8192 live, k = 512) take 3 passes in all, against 4-5 without
-the anchor. A last pass writes the chosen positions. Each pass reads the row from registers when
+fixed): on the lab's random indexer inputs (8192 live, k = 512) a numpy replay of the passes takes 3
+in all, against 4-5 without the anchor. A last pass writes the chosen positions. Each pass reads the row from registers when
 it fits in one tile of ``TILE`` positions, else streams the rest of it tile by tile (the first
 tile stays in registers). Every pass costs a histogram over the whole tile (Triton's is built
 from warp ballots, ~44 instructions a key at 32 bins), so the kernel's time is passes x tile.
@@ -109,6 +109,7 @@ def _select_digit(h, bins, k_rem):
 
 @triton.jit
 def _load_keys(row, c, offs, n):
+    """Keys of positions c + offs of a row of n live logits (0 past n)."""
     pos = c + offs
     return order_keys(tl.load(row + pos, mask=pos < n, other=float("-inf")), pos < n)
 
@@ -161,7 +162,7 @@ def _topk_kernel(X, SEQ, OUT, width, k, stride_xb, stride_ob,
             h += _anchor_hist(_load_keys(row, c, offs, n), base, SH, NB)
         d, above, in_d, k_rem = _select_digit(h, bins, k_rem)
         hit = d > 0                        # the lowest bucket holds every lower prefix: start from the top
-        prefix = tl.where(hit, (base + d).to(tl.uint32) << SH, prefix)          # shifted as unsigned: no overflow
+        prefix = tl.where(hit, (base + d).to(tl.uint32) << SH, prefix)      # shifted unsigned: no overflow
         himask = tl.where(hit, ~tl.zeros([], tl.uint32) << SH, himask)
         lo = tl.where(hit, SH, lo)
         k_rem = tl.where(hit, k_rem - above, k_rem)
@@ -213,6 +214,6 @@ def topk_triton(logits: torch.Tensor, seq_lens: torch.Tensor, k: int, *, launch:
     if B == 0:
         return out
     _topk_kernel[(B,)](logits, seq_lens, out, width, k, logits.stride(0), out.stride(0),
-                       TILE=launch.tile, RADIX=launch.radix, OUT_BLOCK=min(OUT_BLOCK, triton.next_power_of_2(k)), ANCHOR=launch.anchor,
-                       num_warps=launch.num_warps)
+                       TILE=launch.tile, RADIX=launch.radix, OUT_BLOCK=min(OUT_BLOCK, triton.next_power_of_2(k)),
+                       ANCHOR=launch.anchor, num_warps=launch.num_warps)
     return out
