@@ -195,7 +195,7 @@ def check_indexer_args(q, index_cache, weights, seq_lens, page_table, max_seq_le
     if page_table.shape[1] * ps < max_seq_len:
         raise ValueError(f"page_table must have at least ceil(max_seq_len/{ps}) = {-(-max_seq_len // ps)} "
                          f"columns, got {page_table.shape[1]}")
-    if not _capturing(q):
+    if B > 0 and not _capturing(q):
         if int(seq_lens.min()) < 0 or int(seq_lens.max()) > max_seq_len:
             raise ValueError(f"seq_lens must lie in [0, max_seq_len={max_seq_len}], got range "
                              f"[{int(seq_lens.min())}, {int(seq_lens.max())}]")
@@ -223,7 +223,11 @@ def _indexer_logits_reference(q, index_cache, weights, seq_lens, page_table, *, 
 
 def indexer_topk(q, index_cache, weights, seq_lens, page_table, *, max_seq_len: int, topk: int = 512,
                  impl: str = "reference"):
-    """Top-k token positions int32 [B, topk] of the indexer logits, -1 padded."""
+    """Top-k token positions int32 [B, topk] of the indexer logits, -1 padded (a row has fewer
+    than ``topk`` positions < seq_len). The positions are a set for the sparse decode; their order
+    is the impl's: descending logit for the torch paths and the reference, ascending position for
+    impl="triton" (whose ties at the k-th value go to the lower position: ``reference.topk_positions``
+    is its exact contract)."""
     fn = _pick("indexer_topk", impl).fn
     check_indexer_args(q, index_cache, weights, seq_lens, page_table, max_seq_len)
     if not isinstance(topk, numbers.Integral) or isinstance(topk, bool) or topk < 1:

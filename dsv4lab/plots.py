@@ -191,3 +191,41 @@ def bytes_served_bars(ax, served: dict, floor_bytes, chosen=None):
     ax.set_xlabel("MB served per call (log)")
     ax.legend(fontsize=7, loc="upper right")
     return ax
+
+
+def _with_floor(ax, d, x, floor_label, xlabel, ylabel):
+    """The dashed floor (column floor_us of ``d`` against ``x``), axis labels, grid and legend."""
+    g = d.dropna(subset=["floor_us"]).sort_values(x)
+    if len(g):
+        ax.loglog(g[x], g["floor_us"], "k--", label=floor_label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def indexer_step_vs_max(ax, df, col="graph_us"):
+    """The whole indexer step (logits + top-k) against the max context, one line per impl (log-log),
+    from rows kind="step_vs_max" (experiments/indexer_topk); the Triton step's byte floor (its live
+    bytes at the copy ceiling) dashed: a step that pays for the live context stays flat."""
+    d = df[df["kind"] == "step_vs_max"].dropna(subset=[col])
+    for impl, g in d.groupby("impl"):
+        g = g.sort_values("max_seq_len")
+        ax.loglog(g["max_seq_len"], g[col], "o-" if impl == "triton" else "s:", label=impl)
+    live = ", ".join(str(int(x)) for x in sorted(d["live"].unique()))
+    return _with_floor(ax, d[d["impl"] == "triton"], "max_seq_len", "floor: the live bytes at the copy ceiling",
+                       f"max context (tokens; {live} live a request)", "logits + top-k, us per step (graph replay)")
+
+
+def indexer_step_vs_live(ax, df):
+    """The Triton step, its logits and its top-k against the live length (log-log), from rows
+    kind="step_vs_live" (experiments/indexer_topk), with the step's byte floor dashed."""
+    d = df[df["kind"] == "step_vs_live"].sort_values("live")
+    for col, style, label in (("graph_us", "o-", "logits + top-k"), ("logits_us", "s-", "logits (live pages only)"),
+                              ("topk_us", "^-", "top-k (live prefix only)")):
+        g = d.dropna(subset=[col])
+        ax.loglog(g["live"], g[col], style, label=label)
+    mx = ", ".join(str(int(x)) for x in sorted(d["max_seq_len"].unique()))
+    return _with_floor(ax, d, "live", "floor: the step's bytes at the copy ceiling",
+                       f"live tokens a request (max context {mx})", "us per call (graph replay)")

@@ -81,6 +81,22 @@ def topk_indices(logits, k: int):
     return idx
 
 
+def topk_positions(logits, k: int):
+    """The k largest logits per row that are not -inf, as positions in ascending order, ties at
+    the k-th value going to the lower positions; -1 after them when a row has fewer than k such
+    logits. int32 [B, k]. The exact contract of ``indexer_topk(impl="triton")`` (kernels/topk.py),
+    by a stable sort in float64."""
+    B, L = logits.shape
+    x = logits.double().cpu()
+    out = torch.full((B, k), -1, dtype=torch.int32)
+    for b in range(B):
+        pos = torch.nonzero(x[b] > -math.inf).flatten()
+        order = torch.sort(x[b, pos], descending=True, stable=True).indices[:k]   # stable: lower position first
+        chosen = torch.sort(pos[order]).values
+        out[b, :len(chosen)] = chosen.int()
+    return out.to(logits.device)
+
+
 def flash_mla_sparse_decode(q, cache: KVCache, indices, topk_len=None, attn_sink=None, sm_scale=None,
                             extra_cache: KVCache | None = None, extra_indices=None, extra_topk_len=None):
     """Decode over two caches at once (SGLang's window + compressed caches), in float64: one

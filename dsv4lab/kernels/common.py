@@ -174,10 +174,11 @@ _POISON = [False]
 
 def alloc(shape, dtype, device) -> torch.Tensor:
     """Output buffers of every kernel. Under dsv4lab.testing.poisoned() they come pre-filled
-    with NaN, so an element a kernel forgets to write fails the check instead of passing on
-    whatever the memory held."""
+    with NaN (integer buffers: the dtype's smallest value, which no kernel writes), so an element
+    a kernel forgets to write fails the check instead of passing on whatever the memory held."""
     if _POISON[0]:
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+        fill = float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min
+        return torch.full(shape, fill, dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
 
 

@@ -10,10 +10,24 @@ only the *live* pages p = pid, pid + NPROG, ... < ceil(seq_len / 64):
     logits = k_scale * sum_h w[h] * relu(s[:, h])      (the scale is > 0: it factors out)
 
 Positions past ``seq_len`` get -inf: inside the last live page by a mask, beyond it by a
-fill loop that stores -inf and reads nothing. Reads and FLOPs follow the live length;
-only those 4-byte stores follow the maximum.
+fill loop that stores -inf and reads nothing (the public ``indexer_logits`` contract).
+
+``indexer_topk(impl="triton")`` runs the same kernel without that fill, then the exact top-k of
+kernels/topk.py over each row's live prefix: the whole step reads and writes bytes that follow
+the live context only. What still scales with max_seq_len there: the [B, max_seq_len] fp32 logits
+*allocation* (graph-safe code cannot size a buffer from device data), of which only the live
+positions are written and read, and the page table's shape (only live entries are used). Outside
+a captured graph, the API's range check (``api.check_indexer_args``) reads the whole page table on
+the host; the registered functions, which a graph captures, do not.
+
+Page-table safety (no host check runs under CUDA-graph capture): an entry of a live page outside
+[0, num_pages) is never dereferenced; that page's 64 positions get -inf, so the top-k never
+chooses them (``_page`` is the one place that decides it, where a device-side error flag would
+be raised). Entries past a request's live pages are never used to address the cache.
 """
 from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import triton
@@ -23,86 +37,173 @@ from ..api import register
 from ..cache import INDEX_DIM, IndexKCache
 from ..device import info, is_interpret
 from .common import alloc, dot_dtype
-from .indexer_gemm import topk_from_logits
+from .topk import TopkLaunch, topk_triton
 
+
+@dataclass(frozen=True)
+class LogitsLaunch:
+    """The logits kernel's launch options (experiments/indexer_topk times variants of them).
+
+    ``prefetch``: pages whose keys are in flight, in registers, while a page is multiplied
+    (0: the plain loop, pipelined by Triton's ``num_stages``; 1 or 2). ``dot``: the tensor-core
+    operand type: "bf16" (fp8 keys -> bf16, exact) or "fp16" (fp8 keys -> fp16 in one
+    conversion instruction per pair, exact; q scaled per head by a power of two so it keeps its
+    bits in fp16's range, the scale folded back into the head weight: 22% fewer instructions in
+    the page loop on sm_90). ``maxnreg``: a register cap per thread (None: the compiler's
+    choice), which sets how many programs an SM holds (65536 registers / (threads x cap))."""
+    programs_per_sm: int = 8
+    prefetch: int = 1
+    num_stages: int = 3
+    num_warps: int = 4
+    dot: str = "bf16"
+    maxnreg: int | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+#: the shipped launch: the recorded H200 run's best loop (register pipeline, 8 programs per SM,
+#: 3 stages; experiments/indexer_page_loop). experiments/indexer_topk re-times it against variants
+#: and says by which rule a variant replaces it.
+LOGITS = LogitsLaunch()
 #: positions one program sets to -inf per store in the dead region
 FILL = 1024
-#: programs per SM the grid aims at (small CTAs: 4 warps, one page of 64 tokens at a time)
-PROGRAMS_PER_SM = 8
-#: Triton's software pipelining depth for the page loop (3 is Triton's default)
-NUM_STAGES = 3
-#: the register pipeline over pages (the kernel's PREFETCH): the recorded run's choice on the H200,
-#: 31.7 -> 29.7 us at B=32, max context 262208 (data/runs/h200/indexer.json, indexer_sweep2.json)
-PREFETCH = True
+#: the shipped launch's programs per SM (notebook 05 computes the grid from it)
+PROGRAMS_PER_SM = LOGITS.programs_per_sm
 
 
 @triton.jit
-def _score_page(k, k_scale, q, w, row, p, t, seq, max_seq_len, PAGE: tl.constexpr):
-    """Logits of one page: k [PAGE, D] (dot dtype), stored at positions p*PAGE + t, -inf past seq."""
+def _page(KV_FP8, KV_F32, entry, live, num_pages, t, d, D: tl.constexpr, PAGE: tl.constexpr):
+    """One page's raw keys (u8 [PAGE, D]) and scales (fp32 [PAGE]), and whether it was read.
+    ``entry`` is the page-table value; it addresses the cache only if the page is
+    ``live`` and the id lies in [0, num_pages) (a device-side error flag would be set here)."""
+    PAGE_BYTES: tl.constexpr = PAGE * (D + 4)              # [64 x 128 fp8 | 64 fp32 scales]
+    ok = live & (entry >= 0) & (entry < num_pages)
+    base = tl.where(ok, entry, 0).to(tl.int64) * PAGE_BYTES
+    okv = t < tl.where(ok, PAGE, 0)                        # the same, as a [PAGE] mask
+    k8 = tl.load(KV_FP8 + base + t[:, None] * D + d[None, :], mask=okv[:, None], other=0.0)
+    sc = tl.load(KV_F32 + (base + PAGE * D) // 4 + t, mask=okv, other=0.0)
+    return k8, sc, ok
+
+
+@triton.jit
+def _dot_keys(k8, DOT: tl.constexpr, ROUND_FP16: tl.constexpr):
+    """Raw fp8 key bytes -> the dot's operand type (exact: every e4m3 value is a bf16 and an fp16)."""
+    k = k8
+    if ROUND_FP16:
+        k = k.to(tl.float16)                               # on the GPU DOT is fp16: one conversion per pair
+    return k.to(DOT)
+
+
+@triton.jit
+def _score_page(k, k_scale, ok, q, w, row, p, t, seq, max_seq_len, PAGE: tl.constexpr):
+    """Logits of one page (k in the dot's type), stored at positions p*PAGE + t: -inf past seq and
+    where the page was not read."""
     s = tl.maximum(tl.dot(k, tl.trans(q)), 0.0)            # [PAGE, HP]; padded heads have w = 0
     logit = tl.sum(s * w[None, :], axis=1) * k_scale
     pos = p * PAGE + t
-    tl.store(row + pos, tl.where(pos < seq, logit, float("-inf")), mask=pos < max_seq_len)
+    tl.store(row + pos, tl.where(ok & (pos < seq), logit, float("-inf")), mask=pos < max_seq_len)
 
 
 @triton.jit
-def _indexer_kernel(Q, W, KV_U8, KV_F32, SEQ, PT, OUT, max_seq_len,
+def _pow2(e):
+    """2**e as fp32 for integer e in [-126, 127], built from its exponent bits (exact)."""
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _indexer_kernel(Q, W, KV_FP8, KV_F32, SEQ, PT, OUT, max_seq_len, num_pages, pt_cols,
                     stride_qb, stride_qh, stride_wb, stride_pb, stride_ob,
                     H: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-                    FILL: tl.constexpr, DOT: tl.constexpr, PREFETCH: tl.constexpr = False):
+                    FILL: tl.constexpr, DOT: tl.constexpr, PREFETCH: tl.constexpr = 0,
+                    FILL_DEAD: tl.constexpr = True, ROUND_FP16: tl.constexpr = False):
     b = tl.program_id(0).to(tl.int64)                      # b * stride_ob passes 2^31 at B x 1M context
     pid = tl.program_id(1)
     nprog = tl.num_programs(1)
+    pt = PT + b * stride_pb
+    # issued together: this program's first page-table entries do not wait for seq_len (they lie
+    # inside the table; they address the cache only once the page is known to be live)
     seq = tl.maximum(tl.minimum(tl.load(SEQ + b), max_seq_len), 0)   # range checks are off under capture
+    e0 = tl.load(pt + pid, mask=pid < pt_cols, other=-1)
+    e1 = tl.load(pt + pid + nprog, mask=pid + nprog < pt_cols, other=-1)
     live_pages = (seq + PAGE - 1) // PAGE
     h = tl.arange(0, HP)
     d = tl.arange(0, D)
     t = tl.arange(0, PAGE)
-    q = tl.load(Q + b * stride_qb + h[:, None] * stride_qh + d[None, :], mask=h[:, None] < H, other=0.0).to(DOT)
+    q = tl.load(Q + b * stride_qb + h[:, None] * stride_qh + d[None, :], mask=h[:, None] < H, other=0.0)
     w = tl.load(W + b * stride_wb + h, mask=h < H, other=0.0).to(tl.float32)
+    if ROUND_FP16:
+        # fp16 holds every bf16 value within 2^31 of a head's largest |q| exactly: scale each head by
+        # a power of two that puts its largest at [2^14, 2^15), and the weight by the inverse
+        qf = q.to(tl.float32)
+        amax = tl.max(tl.abs(qf), axis=1)
+        sh = tl.minimum(tl.maximum(141 - ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF), -60), 60)
+        q = (qf * _pow2(sh)[:, None]).to(tl.float16)
+        w = w * _pow2(-sh)
+    q = q.to(DOT)
     row = OUT + b * stride_ob
-    PAGE_BYTES: tl.constexpr = PAGE * (D + 4)              # [64 x 128 fp8 | 64 fp32 scales]
-    pt = PT + b * stride_pb
-    if PREFETCH:
-        # Software pipeline in registers: the next page's keys (16 registers a thread) and the
-        # page id after it are loaded before this page's dot, so a page waits on neither the
-        # page-table load nor the dependent key load that follows it.
-        last = tl.maximum(live_pages - 1, 0)               # clamped page-table reads stay in the row
-        id_next = tl.load(pt + tl.minimum(pid + nprog, last)).to(tl.int64)
-        page = tl.load(pt + tl.minimum(pid, last)).to(tl.int64)
-        live = (t * 0 + pid) < live_pages                  # a [PAGE] mask: the interpreter wants tensors
-        k_next = tl.load(KV_U8 + page * PAGE_BYTES + t[:, None] * D + d[None, :], mask=live[:, None], other=0)
-        sc_next = tl.load(KV_F32 + (page * PAGE_BYTES + PAGE * D) // 4 + t, mask=live, other=0.0)
-        for p in range(pid, live_pages, nprog):
-            k = k_next.to(tl.float8e4nv, bitcast=True).to(DOT)
-            k_scale = sc_next
-            pn = p + nprog
-            live = (t * 0 + pn) < live_pages
-            k_next = tl.load(KV_U8 + id_next * PAGE_BYTES + t[:, None] * D + d[None, :], mask=live[:, None], other=0)
-            sc_next = tl.load(KV_F32 + (id_next * PAGE_BYTES + PAGE * D) // 4 + t, mask=live, other=0.0)
-            id_next = tl.load(pt + tl.minimum(pn + nprog, last)).to(tl.int64)
-            _score_page(k, k_scale, q, w, row, p, t, seq, max_seq_len, PAGE)
-    else:
+    if PREFETCH == 0:
         for p in range(pid, live_pages, nprog):            # live pages only: the early exit
-            base = tl.load(pt + p).to(tl.int64) * PAGE_BYTES
-            k = tl.load(KV_U8 + base + t[:, None] * D + d[None, :]).to(tl.float8e4nv, bitcast=True).to(DOT)
-            k_scale = tl.load(KV_F32 + (base + PAGE * D) // 4 + t)
-            _score_page(k, k_scale, q, w, row, p, t, seq, max_seq_len, PAGE)
-    f = tl.arange(0, FILL)
-    for s0 in range(live_pages * PAGE + pid * FILL, max_seq_len, nprog * FILL):
-        tl.store(row + s0 + f, float("-inf"), mask=s0 + f < max_seq_len)
+            k8, sc, ok = _page(KV_FP8, KV_F32, tl.load(pt + p), p < live_pages, num_pages, t, d, D, PAGE)
+            _score_page(_dot_keys(k8, DOT, ROUND_FP16), sc, ok, q, w, row, p, t, seq, max_seq_len, PAGE)
+    elif PREFETCH == 1:
+        # register pipeline: the next page's keys and the page id after it are loaded before this
+        # page's dot, so a page waits on neither the page-table load nor the dependent key load.
+        # (Keys are converted before the next loads are issued: raw bytes carried across them
+        # would take a register each.)
+        k8, sc, ok = _page(KV_FP8, KV_F32, e0, pid < live_pages, num_pages, t, d, D, PAGE)
+        e_next = e1
+        for p in range(pid, live_pages, nprog):
+            k, sc_p, ok_p = _dot_keys(k8, DOT, ROUND_FP16), sc, ok
+            pn = p + nprog
+            k8, sc, ok = _page(KV_FP8, KV_F32, e_next, pn < live_pages, num_pages, t, d, D, PAGE)
+            e_next = tl.load(pt + pn + nprog, mask=pn + nprog < live_pages, other=-1)
+            _score_page(k, sc_p, ok_p, q, w, row, p, t, seq, max_seq_len, PAGE)
+    else:
+        # two pages in flight while one is multiplied
+        k8, sc, ok = _page(KV_FP8, KV_F32, e0, pid < live_pages, num_pages, t, d, D, PAGE)
+        k8b, scb, okb = _page(KV_FP8, KV_F32, e1, pid + nprog < live_pages, num_pages, t, d, D, PAGE)
+        e_next = tl.load(pt + pid + 2 * nprog, mask=pid + 2 * nprog < live_pages, other=-1)
+        for p in range(pid, live_pages, nprog):
+            k, sc_p, ok_p = _dot_keys(k8, DOT, ROUND_FP16), sc, ok
+            k8, sc, ok = k8b, scb, okb
+            pn = p + 2 * nprog
+            k8b, scb, okb = _page(KV_FP8, KV_F32, e_next, pn < live_pages, num_pages, t, d, D, PAGE)
+            e_next = tl.load(pt + pn + nprog, mask=pn + nprog < live_pages, other=-1)
+            _score_page(k, sc_p, ok_p, q, w, row, p, t, seq, max_seq_len, PAGE)
+    if FILL_DEAD:
+        f = tl.arange(0, FILL)
+        for s0 in range(live_pages * PAGE + pid * FILL, max_seq_len, nprog * FILL):
+            tl.store(row + s0 + f, float("-inf"), mask=s0 + f < max_seq_len)
 
 
-def grid(B: int, max_seq_len: int, page_size: int = 64) -> tuple[int, int]:
-    """(B, NPROG): about PROGRAMS_PER_SM programs per SM in all, at most one per page of the
-    maximum context. Shapes only: the same launch for every step of a captured graph."""
+def grid(B: int, max_seq_len: int, page_size: int = 64, programs_per_sm: int | None = None) -> tuple[int, int]:
+    """(B, NPROG): about ``programs_per_sm`` programs per SM in all (default the shipped launch's),
+    at most one per page of the maximum context. Shapes only: the same launch for every step of a
+    captured graph."""
+    per_sm = LOGITS.programs_per_sm if programs_per_sm is None else programs_per_sm
     max_pages = -(-max_seq_len // page_size)
     sms = 2 if is_interpret() else info().sm_count
-    return B, max(1, min(max_pages, -(-PROGRAMS_PER_SM * sms // B)))
+    return B, max(1, min(max_pages, -(-per_sm * sms // max(B, 1))))
+
+
+def _dot(launch: LogitsLaunch):
+    """(DOT, ROUND_FP16) for the launch: the interpreter multiplies in fp32 (its bf16 dot is wrong)
+    and rounds q and the keys to fp16 first where the GPU would."""
+    if launch.dot not in ("bf16", "fp16"):
+        raise ValueError(f"dot must be 'bf16' or 'fp16', got {launch.dot!r}")
+    fp16 = launch.dot == "fp16"
+    if is_interpret():
+        return dot_dtype(), fp16
+    return (tl.float16 if fp16 else tl.bfloat16), fp16
 
 
 def logits_triton(q, index_cache: IndexKCache, weights, seq_lens, page_table, max_seq_len: int, *, nprog=None,
-                  num_stages=NUM_STAGES, prefetch=None):
+                  num_stages=None, prefetch=None, launch: LogitsLaunch | None = None, fill_dead: bool = True):
+    """Indexer logits float32 [B, max_seq_len]; with ``fill_dead`` False only positions below each
+    row's live pages are written (the rest of the row is left as allocated: what the top-k reads
+    never goes there). ``launch`` defaults to LOGITS; ``nprog`` / ``num_stages`` / ``prefetch``
+    override single fields of it (prefetch False/True mean 0/1)."""
     B, H, D = q.shape
     if H > 128:
         raise ValueError(f"the Triton indexer holds all heads in one tile: q may have at most 128 heads, got {H}")
@@ -111,18 +212,38 @@ def logits_triton(q, index_cache: IndexKCache, weights, seq_lens, page_table, ma
                         f"cores), got {q.dtype}: cast it (q.to(torch.bfloat16) rounds it) or use impl='torch_fp32'")
     if nprog is not None and nprog < 1:
         raise ValueError(f"nprog must be >= 1, got {nprog}")
+    launch = launch or LOGITS
+    if num_stages is not None:
+        launch = replace(launch, num_stages=num_stages)
+    if prefetch is not None:
+        launch = replace(launch, prefetch=int(prefetch))
+    if launch.prefetch not in (0, 1, 2):
+        raise ValueError(f"prefetch must be 0, 1 or 2, got {launch.prefetch}")
     out = alloc((B, max_seq_len), torch.float32, q.device)
+    if B == 0:
+        return out
+    dot, round16 = _dot(launch)
     raw = index_cache.kv.reshape(-1)
-    g = grid(B, max_seq_len, index_cache.page_size)
-    if nprog is not None:
-        g = (B, nprog)
+    g = (B, nprog) if nprog is not None else grid(B, max_seq_len, index_cache.page_size, launch.programs_per_sm)
     _indexer_kernel[g](
-        q, weights, raw, raw.view(torch.float32), seq_lens, page_table, out, max_seq_len,
+        q, weights, raw.view(torch.float8_e4m3fn), raw.view(torch.float32), seq_lens, page_table, out, max_seq_len,
+        index_cache.num_pages, page_table.shape[1],
         q.stride(0), q.stride(1), weights.stride(0), page_table.stride(0), out.stride(0),
-        H=H, HP=max(16, triton.next_power_of_2(H)), D=D, PAGE=index_cache.page_size, FILL=FILL, DOT=dot_dtype(),
-        PREFETCH=PREFETCH if prefetch is None else prefetch,
-        num_warps=4, num_stages=num_stages)
+        H=H, HP=max(16, triton.next_power_of_2(H)), D=D, PAGE=index_cache.page_size, FILL=FILL, DOT=dot,
+        PREFETCH=launch.prefetch, FILL_DEAD=fill_dead, ROUND_FP16=round16,
+        num_warps=launch.num_warps, num_stages=launch.num_stages,
+        **({"maxnreg": launch.maxnreg} if launch.maxnreg else {}))
     return out
+
+
+def topk_step(q, index_cache: IndexKCache, weights, seq_lens, page_table, max_seq_len: int, k: int, *,
+              launch: LogitsLaunch | None = None, topk_launch: TopkLaunch | None = None):
+    """The whole indexer step over the live context: logits of the live pages only (no -inf fill),
+    then the exact top-k of kernels/topk.py over each row's live prefix. Two launches, no host sync.
+    Returns positions int32 [B, k]: ascending, ties to the lower position, -1 padded."""
+    logits = logits_triton(q, index_cache, weights, seq_lens, page_table, max_seq_len, launch=launch,
+                           fill_dead=False)
+    return topk_triton(logits, seq_lens, k, launch=topk_launch)
 
 
 @register("indexer_logits", "triton", stage="S4", description="the Triton indexer: live pages only")
@@ -131,9 +252,11 @@ def _logits(q, index_cache, weights, seq_lens, page_table, *, max_seq_len):
                          max_seq_len)
 
 
-@register("indexer_topk", "triton", stage="S4", description="the Triton indexer: live pages only")
+@register("indexer_topk", "triton", stage="S4",
+          description="the Triton indexer and an exact radix top-k, both over the live context only")
 def _topk(q, index_cache, weights, seq_lens, page_table, *, max_seq_len, topk):
-    return topk_from_logits(_logits(q, index_cache, weights, seq_lens, page_table, max_seq_len=max_seq_len), topk)
+    return topk_step(q.contiguous(), index_cache, weights.contiguous(), seq_lens.contiguous(), page_table.contiguous(),
+                     max_seq_len, topk)
 
 
 assert INDEX_DIM == 128

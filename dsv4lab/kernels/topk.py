@@ -1,0 +1,219 @@
+"""Exact top-k over the live prefix of each row, graph-safe: the indexer's selection step.
+
+``torch.topk`` over a [B, max_seq_len] row reads and sorts the whole row, dead tail included,
+so its cost follows the maximum context. Here the grid is one program per row, fixed by the
+shapes; each program reads its row's length ``n = seq_lens[b]`` on the device and touches only
+positions < n. The select is a radix select on order-preserving integer keys:
+
+    key(x) = bits(x) with the sign bit flipped for x >= 0 and all bits flipped for x < 0
+             (an unsigned key that orders exactly like the float; -0.0 and +0.0 share one key)
+
+    pass 0: the row's largest key anchors 2^RADIX buckets (32): the 31 ``ANCHOR``-bit key prefixes
+            at and below the largest one's (1/8 octave each for 12 bits: four octaves of values)
+            and one for everything lower. The bucket holding the k-th largest fixes the first
+            ``ANCHOR`` bits of the threshold, unless it is the lowest one (the top-k reaches more
+            than four octaves below the maximum): then the passes start from the top bit.
+    pass p: histogram of the next RADIX bits of the keys that match the prefix fixed so far,
+            then the digit d holding the k_rem-th largest: keys above d are in, keys below are
+            out, d is appended to the prefix and only its bucket is refined next pass.
+
+The passes stop as soon as the bucket of the threshold is needed whole (or all 32 bits are
+fixed): on the lab's random indexer inputs (8192 live, k = 512) a numpy replay of the passes takes 3
+in all, against 4-5 without the anchor. A last pass writes the chosen positions. Each pass reads the row from registers when
+it fits in one tile of ``TILE`` positions, else streams the rest of it tile by tile (the first
+tile stays in registers). Every pass costs a histogram over the whole tile (Triton's is built
+from warp ballots, ~44 instructions a key at 32 bins), so the kernel's time is passes x tile.
+
+The contract (``reference.topk_positions`` is the same in float64):
+
+* the k largest logits among the positions t < seq_len whose logit is not -inf (a dead or
+  unreadable position is never chosen); ties at the k-th value go to the lower positions;
+* output int32 [B, k], the chosen positions in **ascending position order**, then -1 for
+  the rest of the row when fewer than k positions qualify (seq_len < k, seq_len 0, -inf);
+* ``seq_lens`` are clamped to [0, width], as the logits kernel clamps them.
+
+Ascending positions, not descending logits: the sparse decode reads the chosen tokens as a set
+(one softmax over all of them), and in position order its gathers walk the paged cache forward.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import alloc
+
+
+@dataclass(frozen=True)
+class TopkLaunch:
+    """The top-k kernel's launch options (experiments/indexer_topk times variants of them).
+
+    ``tile``: positions a program holds in registers at once (8192: the campaign's live length
+    in one tile); ``radix``: key bits resolved per pass (5: 32 bins, the fewest Triton's
+    histogram takes, one per lane of a warp; the cost per key of its ballot-based histogram grows
+    with the bins); ``num_warps``: one program per row, so 8 warps hold 8192 keys as 32 a thread;
+    ``anchor``: the key bits of pass 0's buckets (0: no pass 0, the radix starts at the top bit)."""
+    tile: int = 8192
+    radix: int = 5
+    num_warps: int = 8
+    anchor: int = 12
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+#: the shipped launch (predicted, not yet measured: experiments/indexer_topk says by which rule a
+#: timed variant replaces it)
+TOPK = TopkLaunch()
+#: output positions one store of the -1 padding covers
+OUT_BLOCK = 1024
+
+
+@triton.jit
+def order_keys(x, n_ok):
+    """uint32 keys ordered like the float32 ``x``; 0 (no float has it) where ``~n_ok`` or x is -inf."""
+    i = tl.where(x == 0.0, 0, x.to(tl.int32, bitcast=True))           # -0.0 -> +0.0
+    s = i ^ ((i >> 31) & 0x7FFFFFFF)                                 # signed key: negatives reversed
+    u = (s ^ -2147483648).to(tl.uint32, bitcast=True)                # flip the sign bit: unsigned order
+    return tl.where(n_ok & (x != float("-inf")), u, 0)
+
+
+@triton.jit
+def _digit_hist(key, himask, prefix, lo, dmask, NB: tl.constexpr):
+    """Histogram of the digit (key >> lo) & dmask over the valid keys whose fixed bits match prefix."""
+    match = (key != 0) & ((key & himask) == prefix)
+    return tl.histogram(((key >> lo) & dmask).to(tl.int32), NB, mask=match)
+
+
+@triton.jit
+def _anchor_hist(key, base, SH: tl.constexpr, NB: tl.constexpr):
+    """Histogram of the anchored buckets: key prefix (key >> SH) - base, clamped to [0, NB - 1]."""
+    b = tl.minimum(tl.maximum((key >> SH).to(tl.int32) - base, 0), NB - 1)
+    return tl.histogram(b, NB, mask=key != 0)
+
+
+@triton.jit
+def _select_digit(h, bins, k_rem):
+    """For a histogram ``h`` of the candidates: (the digit holding the k_rem-th largest, how many
+    are above it, how many are in it, k_rem capped at the candidates' count)."""
+    tot = tl.sum(h, 0)
+    k_rem = tl.minimum(k_rem, tot)                                 # fewer valid keys than k: all of them
+    at_or_above = tot - tl.cumsum(h, 0) + h                        # keys with digit >= d
+    d = tl.max(tl.where(at_or_above >= k_rem, bins, 0), 0)         # (bin 0 always qualifies)
+    above = tl.sum(tl.where(bins > d, h, 0), 0)
+    in_d = tl.sum(tl.where(bins == d, h, 0), 0)
+    return d, above, in_d, k_rem
+
+
+@triton.jit
+def _load_keys(row, c, offs, n):
+    """Keys of positions c + offs of a row of n live logits (0 past n)."""
+    pos = c + offs
+    return order_keys(tl.load(row + pos, mask=pos < n, other=float("-inf")), pos < n)
+
+
+@triton.jit
+def _emit(out, key, pos, himask, prefix, k_rem, eq_seen, taken):
+    """Store the chosen positions of one tile at their slots; return the running counts (keys
+    equal to the threshold seen so far, positions stored so far). One scan for both counts: keys
+    above the threshold in the high 16 bits, keys at it in the low 16 (a tile holds < 2^16)."""
+    top = key & himask
+    ok = key != 0
+    gt = (ok & (top > prefix)).to(tl.int32)
+    eq = (ok & (top == prefix)).to(tl.int32)
+    c = tl.cumsum((gt << 16) | eq, 0)
+    gt_before = (c >> 16) - gt                                       # in this tile, exclusive
+    eq_before = eq_seen + (c & 0xFFFF) - eq                          # in the row, exclusive
+    sel = (gt != 0) | ((eq != 0) & (eq_before < k_rem))              # ties: the lower positions first
+    slot = taken + gt_before + tl.minimum(eq_before, k_rem) - tl.minimum(eq_seen, k_rem)
+    tl.store(out + slot, pos, mask=sel)
+    n_gt = tl.sum(gt, 0)
+    n_eq = tl.sum(eq, 0)
+    return eq_seen + n_eq, taken + n_gt + tl.minimum(eq_seen + n_eq, k_rem) - tl.minimum(eq_seen, k_rem)
+
+
+@triton.jit
+def _topk_kernel(X, SEQ, OUT, width, k, stride_xb, stride_ob,
+                 TILE: tl.constexpr, RADIX: tl.constexpr, OUT_BLOCK: tl.constexpr,
+                 ANCHOR: tl.constexpr = 12):
+    b = tl.program_id(0).to(tl.int64)
+    n = tl.minimum(tl.maximum(tl.load(SEQ + b), 0), width)
+    row = X + b * stride_xb
+    out = OUT + b * stride_ob
+    offs = tl.arange(0, TILE)
+    key0 = _load_keys(row, 0, offs, n)                                 # the first tile stays in registers
+    NB: tl.constexpr = 1 << RADIX
+    bins = tl.arange(0, NB)
+    prefix = tl.zeros([], tl.uint32)       # the key bits fixed so far (bits below lo are 0)
+    himask = tl.zeros([], tl.uint32)       # which bits those are
+    lo = tl.full([], 32, tl.int32)         # bits lo..31 are fixed
+    k_rem = k                              # how many keys equal to the prefix are still wanted
+    busy = lo > 0
+    if ANCHOR > 0:
+        SH: tl.constexpr = 32 - ANCHOR
+        kmax = tl.max(key0, 0)
+        for c in range(TILE, n, TILE):
+            kmax = tl.maximum(kmax, tl.max(_load_keys(row, c, offs, n), 0))
+        base = (kmax >> SH).to(tl.int32) - (NB - 1)
+        h = _anchor_hist(key0, base, SH, NB)
+        for c in range(TILE, n, TILE):
+            h += _anchor_hist(_load_keys(row, c, offs, n), base, SH, NB)
+        d, above, in_d, k_rem = _select_digit(h, bins, k_rem)
+        hit = d > 0                        # the lowest bucket holds every lower prefix: start from the top
+        prefix = tl.where(hit, (base + d).to(tl.uint32) << SH, prefix)      # shifted unsigned: no overflow
+        himask = tl.where(hit, ~tl.zeros([], tl.uint32) << SH, himask)
+        lo = tl.where(hit, SH, lo)
+        k_rem = tl.where(hit, k_rem - above, k_rem)
+        busy = tl.where(hit, in_d > k_rem, busy)
+    while busy:
+        new_lo = tl.maximum(lo - RADIX, 0)
+        dmask = ((1 << (lo - new_lo)) - 1).to(tl.uint32)
+        h = _digit_hist(key0, himask, prefix, new_lo, dmask, NB)
+        for c in range(TILE, n, TILE):
+            h += _digit_hist(_load_keys(row, c, offs, n), himask, prefix, new_lo, dmask, NB)
+        d, above, in_d, k_rem = _select_digit(h, bins, k_rem)         # the digit of the k_rem-th largest
+        k_rem = k_rem - above
+        prefix = prefix | (d.to(tl.uint32) << new_lo)
+        himask = himask | (dmask << new_lo)
+        lo = new_lo
+        busy = (lo > 0) & (in_d > k_rem)                               # stop once d's bucket is wanted whole
+    eq_seen, taken = _emit(out, key0, offs, himask, prefix, k_rem, 0, 0)
+    for c in range(TILE, n, TILE):
+        eq_seen, taken = _emit(out, _load_keys(row, c, offs, n), c + offs, himask, prefix, k_rem, eq_seen, taken)
+    o = tl.arange(0, OUT_BLOCK)
+    for c in range(0, k, OUT_BLOCK):
+        tl.store(out + c + o, tl.full([OUT_BLOCK], -1, tl.int32), mask=(c + o >= taken) & (c + o < k))
+
+
+def topk_triton(logits: torch.Tensor, seq_lens: torch.Tensor, k: int, *, launch: TopkLaunch | None = None
+                ) -> torch.Tensor:
+    """Positions int32 [B, k] of the k largest logits among positions < seq_lens[b] (the module's
+    contract: ascending positions, ties to the lower position, -1 padded, -inf never chosen).
+
+    ``logits`` float32 [B, width] with unit stride along the row (positions >= seq_lens[b] are
+    never read, so they may hold anything); ``seq_lens`` int32 [B] on the same device. No host
+    sync: one launch of B programs, whatever the lengths."""
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.dtype != torch.float32 \
+            or (logits.shape[1] > 1 and logits.stride(1) != 1):
+        raise ValueError(f"logits must be a float32 [B, width] tensor with unit stride along rows, got "
+                         f"{getattr(logits, 'dtype', type(logits).__name__)} {list(getattr(logits, 'shape', []))}")
+    B, width = logits.shape
+    if not isinstance(seq_lens, torch.Tensor) or seq_lens.dtype != torch.int32 or tuple(seq_lens.shape) != (B,) \
+            or seq_lens.device != logits.device:
+        raise ValueError(f"seq_lens must be int32 [{B}] on {logits.device}, got "
+                         f"{getattr(seq_lens, 'dtype', type(seq_lens).__name__)} {list(getattr(seq_lens, 'shape', []))}")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive int, got {k!r}")
+    launch = launch or TOPK
+    if launch.tile & (launch.tile - 1) or not 32 <= launch.tile <= 32768 or launch.radix not in (5, 6, 7, 8) \
+            or not 0 <= launch.anchor <= 16:
+        raise ValueError(f"tile must be a power of two in [32, 32768], radix in 5..8 and anchor in 0..16, got {launch}")
+    out = alloc((B, k), torch.int32, logits.device)
+    if B == 0:
+        return out
+    _topk_kernel[(B,)](logits, seq_lens, out, width, k, logits.stride(0), out.stride(0),
+                       TILE=launch.tile, RADIX=launch.radix, OUT_BLOCK=min(OUT_BLOCK, triton.next_power_of_2(k)),
+                       ANCHOR=launch.anchor, num_warps=launch.num_warps)
+    return out

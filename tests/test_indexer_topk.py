@@ -1,0 +1,274 @@
+"""The indexer's top-k over the live context (kernels/topk.py) and the step that feeds it
+(kernels/indexer.py without the -inf fill): the exact contract (reference.topk_positions), ties,
+short and empty rows, dead positions and page-table entries that must never be used, bad page
+ids without the API's checks, one launch shape across steps, odd shapes."""
+import math
+
+import pytest
+import torch
+
+import dsv4lab
+from dsv4lab import reference
+from dsv4lab.kernels import indexer
+from dsv4lab.kernels.indexer import LogitsLaunch
+from dsv4lab.kernels.topk import TopkLaunch, topk_triton
+from dsv4lab.testing import INDEXER_TOL, check_indexer, make_indexer_inputs, poisoned, rel_err, topk_recall
+
+SMALL = TopkLaunch(tile=64)             # rows longer than a tile: the streamed path
+TOPK = dsv4lab.api.impl_info("indexer_topk", "triton").fn        # no API checks: what a captured graph runs
+
+
+def _topk(logits, seq_lens, k, launch=None):
+    with poisoned():
+        return topk_triton(logits, seq_lens, k, launch=launch)
+
+
+def _lens(*v):
+    return torch.tensor(v, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("launch", [None, SMALL, TopkLaunch(tile=128, radix=8), TopkLaunch(anchor=0)],
+                         ids=["one tile", "tiles of 64", "radix 8", "no anchor pass"])
+def test_topk_is_the_contract_on_distinct_logits(launch):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 300, generator=g)
+    x[2] = -x[2].abs()                          # all negative: the anchor's buckets miss, passes from the top
+    x[4, 7] = 1e30                              # an outlier far above the rest: the same
+    n = _lens(300, 299, 64, 1, 170)
+    for k in (1, 17, 64, 300, 400):
+        got = _topk(x, n, k, launch)
+        assert torch.equal(got, reference.topk_positions(x.masked_fill(torch.arange(300) >= n[:, None], -math.inf), k)), k
+        for b in range(5):                      # distinct values: the same set as torch.topk
+            want = torch.topk(x[b, :n[b]], min(k, int(n[b]))).indices.sort().values
+            assert torch.equal(got[b, :len(want)], want.int()) and (got[b, len(want):] == -1).all()
+
+
+@pytest.mark.parametrize("launch", [None, SMALL], ids=["one tile", "tiles of 64"])
+def test_ties_go_to_the_lower_positions(launch):
+    x = torch.zeros(4, 200)
+    x[0, 50:150] = 1.0                          # 100 equal values across the k-th: the first 10 by position
+    x[0, 190] = 2.0
+    x[1] = 3.0                                  # a whole row of one value
+    x[2, ::2] = -0.0                            # -0.0 and +0.0 are equal logits
+    x[2, 1] = -1.0
+    x[3, 60:70] = 5.0                           # ties straddling tile edges, wanted whole
+    x[3, 120:140] = 4.0
+    n = _lens(200, 200, 200, 200)
+    got = _topk(x, n, 11, launch)
+    assert got[0].tolist() == list(range(50, 60)) + [190]
+    assert got[1].tolist() == list(range(11))
+    assert got[2].tolist() == [0] + list(range(2, 12))
+    assert got[3].tolist() == list(range(60, 70)) + [120]
+    assert torch.equal(got, reference.topk_positions(x, 11))
+
+
+def test_short_rows_empty_rows_and_k_past_the_width():
+    x = torch.randn(3, 50)
+    got = _topk(x, _lens(7, 0, 50), 64)               # k > width > some seq_lens
+    assert got[0, :7].tolist() == list(range(7)) and (got[0, 7:] == -1).all()
+    assert (got[1] == -1).all()
+    assert got[2, :50].tolist() == list(range(50)) and (got[2, 50:] == -1).all()
+    assert got.shape == (3, 64)
+
+
+def test_minus_inf_is_never_chosen_and_dead_positions_are_never_read():
+    x = torch.randn(2, 300)
+    x[0, 10:290] = -math.inf                    # only 20 live finite logits for k = 32
+    x[1, 100:] = float("nan")                   # past seq_len: a NaN read would be chosen (largest key)
+    n = _lens(300, 100)
+    for launch in (None, SMALL):
+        got = _topk(x, n, 32, launch)
+        assert got[0, :20].tolist() == list(range(10)) + list(range(290, 300)) and (got[0, 20:] == -1).all()
+        assert (got[1] < 100).all() and torch.equal(got[1], torch.topk(x[1, :100], 32).indices.sort().values.int())
+
+
+def test_seq_lens_are_clamped_to_the_width_and_empty_batches_work():
+    x = torch.randn(2, 40)
+    assert torch.equal(_topk(x, _lens(1000, -5), 8), _topk(x, _lens(40, 0), 8))
+    assert _topk(x[:0], _lens(), 8).shape == (0, 8)
+
+
+def test_topk_refuses_what_it_cannot_read():
+    x = torch.randn(2, 40)
+    with pytest.raises(ValueError, match="float32"):
+        topk_triton(x.double(), _lens(1, 2), 4)
+    with pytest.raises(ValueError, match="unit stride"):
+        topk_triton(x.t(), _lens(*range(40)), 4)
+    with pytest.raises(ValueError, match="seq_lens must be int32"):
+        topk_triton(x, _lens(1, 2).long(), 4)
+    with pytest.raises(ValueError, match="k must be a positive int"):
+        topk_triton(x, _lens(1, 2), 0)
+
+
+def test_strided_rows_of_a_wider_buffer():
+    wide = torch.randn(3, 100)
+    x = wide[:, :70]                            # row stride 100, width 70
+    n = _lens(70, 33, 5)
+    assert torch.equal(_topk(x, n, 16), reference.topk_positions(x.masked_fill(torch.arange(70) >= n[:, None], -math.inf), 16))
+
+
+# ---- the indexer step: logits over live pages only, then the top-k ----
+
+def _step_ref(inp, k):
+    """The float64 reference's logits and the contract's selection on the kernel's own logits."""
+    ref = reference.indexer_logits(*inp.args(), inp.max_seq_len)
+    with poisoned():
+        logits = indexer.logits_triton(*inp.args(), inp.max_seq_len)
+    return ref, reference.topk_positions(logits, k)
+
+
+@pytest.mark.parametrize("case", [
+    dict(B=3, H=64, L=300, lens=[300, 1, 129], k=64),           # page edges, one token
+    dict(B=2, H=1, L=130, lens=[130, 0], k=200),                 # one head, an empty row, k > max_seq_len
+    dict(B=1, H=128, L=64, lens=[64], k=64),                     # the most heads, k = the whole row
+    dict(B=2, H=24, L=700, lens=None, k=100),                    # heads padded to a power of two, random lengths
+])
+def test_step_against_the_reference(case):
+    inp = make_indexer_inputs(case["B"], case["H"], case["L"], seq_lens=case["lens"], seed=3)
+    ref, want = _step_ref(inp, case["k"])
+    with poisoned():
+        got = TOPK(*inp.args(), max_seq_len=case["L"], topk=case["k"])
+    assert torch.equal(got, want)                                        # the contract, on its own logits
+    assert topk_recall(got, reference.topk_indices(ref, case["k"]), ref) == 1.0   # and the float64 selection
+    err, recall = check_indexer("triton", inp, topk=case["k"])           # through the API, poisoned
+    assert err <= INDEXER_TOL and recall == 1.0
+
+
+def test_step_writes_and_reads_live_pages_only():
+    # without the fill, positions past each row's live pages keep what the buffer held (NaN when poisoned)
+    inp = make_indexer_inputs(3, 16, 1000, seq_lens=[1000, 70, 0], seed=4)
+    with poisoned():
+        out = indexer.logits_triton(*inp.args(), 1000, fill_dead=False)
+    assert torch.isnan(out[1, 128:]).all() and torch.isnan(out[2]).all()
+    assert torch.isneginf(out[1, 70:128]).all() and torch.isfinite(out[0]).all()
+
+
+@pytest.mark.parametrize("junk", [-1, -2**31, 2**31 - 1, 123456789])
+def test_dead_page_table_entries_hold_anything(junk):
+    inp = make_indexer_inputs(2, 16, 640, seq_lens=[200, 65], seed=5)
+    ref, want = _step_ref(inp, 50)
+    live = (inp.seq_lens.long() + 63) // 64
+    dead = torch.arange(inp.page_table.shape[1])[None, :] >= live[:, None]
+    inp.page_table[dead] = junk
+    with poisoned():
+        assert torch.equal(TOPK(*inp.args(), max_seq_len=640, topk=50), want)
+        assert rel_err(dsv4lab.indexer_logits(*inp.args(), max_seq_len=640, impl="triton"), ref) <= INDEXER_TOL
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
+def test_a_bad_live_page_id_is_never_read(prefetch):
+    # what a captured graph would see with a corrupt page table (the API's check cannot run there):
+    # the page's 64 positions score -inf and are never chosen; every other position is as before
+    inp = make_indexer_inputs(3, 16, 400, seq_lens=[400, 300, 130], seed=6)
+    ref, _ = _step_ref(inp, 40)
+    inp.page_table[0, 2] = inp.cache.num_pages          # one past the cache
+    inp.page_table[1, 0] = -7
+    inp.page_table[2, 1] = 2**31 - 1
+    with poisoned():
+        out = indexer.logits_triton(*inp.args(), 400, launch=LogitsLaunch(prefetch=prefetch))
+        top = indexer.topk_step(*inp.args(), 400, 40, launch=LogitsLaunch(prefetch=prefetch))
+    bad = torch.zeros(3, 400, dtype=torch.bool)
+    bad[0, 128:192] = bad[1, 0:64] = bad[2, 64:128] = True
+    assert torch.isneginf(out[bad]).all()
+    assert rel_err(out.masked_fill(bad, -math.inf), ref.masked_fill(bad, -math.inf)) <= INDEXER_TOL
+    assert torch.equal(top, reference.topk_positions(ref.masked_fill(bad, -math.inf), 40))
+    assert not bad.gather(1, top.clamp(min=0).long())[top >= 0].any()
+
+
+def test_one_launch_shape_across_steps():
+    # a captured graph replays one launch (same grid, same buffers) on each step's data
+    inp = make_indexer_inputs(3, 16, 512, seq_lens=[512, 512, 512], seed=7)
+    g = indexer.grid(3, 512)
+    gen = torch.Generator().manual_seed(8)
+    for step in range(3):
+        nxt = make_indexer_inputs(3, 16, 512, seq_lens=[512, 512, 512], seed=20 + step)
+        inp.q.copy_(nxt.q)
+        inp.weights.copy_(nxt.weights)
+        inp.seq_lens.copy_(torch.randint(0, 513, (3,), generator=gen).int())
+        inp.seq_lens[step] = 0 if step else 512
+        inp.page_table.copy_(inp.page_table[torch.randperm(3, generator=gen)])
+        ref, want = _step_ref(inp, 64)
+        with poisoned():
+            assert torch.equal(TOPK(*inp.args(), max_seq_len=512, topk=64), want)
+        assert topk_recall(want, reference.topk_indices(ref, 64), ref) == 1.0
+        assert indexer.grid(3, 512) == g
+
+
+def test_strided_views_and_the_empty_batch():
+    inp = make_indexer_inputs(2, 8, 200, seq_lens=[150, 30], seed=9)
+    big_q = torch.zeros(2, 16, 128, dtype=inp.q.dtype)
+    big_q[:, ::2] = inp.q
+    big_w = torch.zeros(2, 8, 3)
+    big_w[:, :, 1] = inp.weights
+    ref, want = _step_ref(inp, 32)
+    got = dsv4lab.indexer_topk(big_q[:, ::2], inp.cache, big_w[:, :, 1], inp.seq_lens, inp.page_table,
+                               max_seq_len=200, topk=32, impl="triton")
+    assert torch.equal(got, want)
+    e = lambda t: t[:0]  # noqa: E731
+    for impl in ("triton", "torch_fp32", "reference"):
+        top = dsv4lab.indexer_topk(e(inp.q), inp.cache, e(inp.weights), e(inp.seq_lens), e(inp.page_table),
+                                   max_seq_len=200, topk=32, impl=impl)
+        logits = dsv4lab.indexer_logits(e(inp.q), inp.cache, e(inp.weights), e(inp.seq_lens), e(inp.page_table),
+                                        max_seq_len=200, impl=impl)
+        assert top.shape == (0, 32) and top.dtype == torch.int32 and logits.shape == (0, 200)
+
+
+def test_seq_len_past_max_is_clamped_by_the_kernels_and_refused_by_the_api():
+    inp = make_indexer_inputs(2, 8, 128, seq_lens=[128, 100], seed=10)
+    _, want = _step_ref(inp, 16)
+    inp.seq_lens[0] = 500                                              # past max_seq_len: clamped
+    with poisoned():
+        assert torch.equal(TOPK(*inp.args(), max_seq_len=128, topk=16), want)
+    with pytest.raises(ValueError, match="seq_lens must lie in"):
+        dsv4lab.indexer_topk(*inp.args(), max_seq_len=128, topk=16, impl="triton")
+
+
+@pytest.mark.parametrize("launch", [LogitsLaunch(dot="fp16"), LogitsLaunch(prefetch=2, dot="fp16"),
+                                    LogitsLaunch(prefetch=0, num_stages=2)], ids=["fp16", "fp16 prefetch 2", "plain"])
+def test_logits_launch_variants_are_exact(launch):
+    # fp16 operands: q scaled per head by a power of two, then rounded to fp16 as the GPU would
+    inp = make_indexer_inputs(3, 24, 400, seq_lens=[400, 65, 0], seed=11)
+    inp.q[0, 3] *= 1e-30                                              # heads far outside fp16's range
+    inp.q[1, 5] *= 1e20
+    ref = reference.indexer_logits(*inp.args(), 400)
+    for nprog in (1, 3):
+        with poisoned():
+            out = indexer.logits_triton(*inp.args(), 400, nprog=nprog, launch=launch)
+        assert rel_err(out, ref) <= INDEXER_TOL
+
+
+def test_random_shapes_property():
+    hyp = pytest.importorskip("hypothesis")
+    st = hyp.strategies
+
+    @hyp.settings(max_examples=12, deadline=None, derandomize=True)
+    @hyp.given(B=st.integers(1, 3), H=st.sampled_from([1, 5, 16, 64]), L=st.integers(1, 260), k=st.integers(1, 300),
+               seed=st.integers(0, 2**16), data=st.data())
+    def check(B, H, L, k, seed, data):
+        lens = data.draw(st.lists(st.integers(0, L), min_size=B, max_size=B))
+        inp = make_indexer_inputs(B, H, L, seq_lens=lens, seed=seed)
+        ref, want = _step_ref(inp, k)
+        with poisoned():
+            got = TOPK(*inp.args(), max_seq_len=L, topk=k)
+        assert torch.equal(got, want)
+        assert topk_recall(got, reference.topk_indices(ref, k), ref) == 1.0
+    check()
+
+
+def test_step_plots_draw_every_impl_and_the_floor():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    from dsv4lab import plots
+    rows = [dict(kind="step_vs_max", impl=i, live=8192, max_seq_len=L, graph_us=t * L / 8192, floor_us=9.0)
+            for i, t in (("torch_fp32", 500.0), ("triton", 1.0)) for L in (8192, 65536)]
+    rows += [dict(kind="step_vs_live", impl="triton", live=n, max_seq_len=2**20, graph_us=n / 100, logits_us=n / 200,
+                  topk_us=None if n == 1024 else 5.0, floor_us=n / 1000) for n in (1024, 8192)]
+    fig, (a, b) = plt.subplots(1, 2)
+    plots.indexer_step_vs_max(a, pd.DataFrame(rows))
+    plots.indexer_step_vs_live(b, pd.DataFrame(rows))
+    assert [t.get_text() for t in a.get_legend().get_texts()][:2] == ["torch_fp32", "triton"]
+    assert len(a.get_lines()) == 3 and len(b.get_lines()) == 4
+    assert len(b.get_lines()[2].get_xdata()) == 1                      # a missing time is left out, not drawn as 0
+    plt.close(fig)
