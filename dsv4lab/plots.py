@@ -92,19 +92,29 @@ def config_label(row, dequant: bool = True) -> str:
     return label
 
 
-def launch_label(row) -> str:
-    """'16x64 registers x8' for a decode-table row of a tensor-core impl: its tiles, loop and NSPLIT,
-    from the row's ``launch`` dict (planning.Launch.as_dict) or, in runs recorded before it, from
-    the plan_* / tiles_* columns; "" for impls without tiles."""
+def launch_of(row) -> dict | None:
+    """{block_h, block_n, loop, nsplit} of a decode-table row of a tensor-core impl: the row's
+    ``launch`` dict (planning.Launch.as_dict) or, in runs recorded before it, the plan_* / tiles_*
+    columns; None for impls without tiles."""
     launch = row.get("launch")
     if isinstance(launch, dict):
-        return f"{launch['block_h']}x{launch['block_n']} {launch['loop']} x{launch['nsplit']}"
+        return {k: launch[k] for k in ("block_h", "block_n", "loop", "nsplit")}
     if isinstance(row.get("plan_use"), str):
-        return f"{int(row['plan_block_h'])}x{int(row['plan_block_n'])} x{int(row['plan_nsplit'])}"
-    if row.get("tiles_block_h") == row.get("tiles_block_h") and row.get("tiles_block_h") is not None:
-        loop = loop_name({"prefetch": row.get("tiles_prefetch")})
-        return f"{int(row['tiles_block_h'])}x{int(row['tiles_block_n'])} {loop} x1"
-    return ""
+        return dict(block_h=int(row["plan_block_h"]), block_n=int(row["plan_block_n"]), loop=None,
+                    nsplit=int(row["plan_nsplit"]))
+    bh = row.get("tiles_block_h")
+    if bh is not None and bh == bh:
+        return dict(block_h=int(bh), block_n=int(row["tiles_block_n"]),
+                    loop=loop_name({"prefetch": row.get("tiles_prefetch")}), nsplit=1)
+    return None
+
+
+def launch_label(row) -> str:
+    """'16x64 registers x8' for a decode-table row (launch_of: tiles, loop, NSPLIT); "" without tiles."""
+    la = launch_of(row)
+    if la is None:
+        return ""
+    return f"{la['block_h']}x{la['block_n']}" + (f" {la['loop']}" if la["loop"] else "") + f" x{la['nsplit']}"
 
 
 def split_heatmap(ax, df, value="us"):
