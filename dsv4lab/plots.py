@@ -64,34 +64,105 @@ def time_vs_batch(ax, df, impls, floor_us=None, col="graph_us"):
     return ax
 
 
+def loop_name(row) -> str:
+    """The kernel loop a sweep row ran (planning.LOOPS). Runs recorded before loops had names carry
+    its number ("prefetch"): 0, 2 and 5 are plain, registers and l2_hint; the other numbers are
+    loops the lab measured and deleted, shown as "loop <n>"."""
+    from .planning import LOOP_OF_PREFETCH
+    loop = row.get("loop")
+    if isinstance(loop, str):
+        return loop
+    pf = row.get("prefetch")
+    if pf is None or pf != pf:
+        return "plain"
+    return LOOP_OF_PREFETCH.get(int(pf), f"loop {int(pf)}")
+
+
+def config_label(row, dequant: bool = True) -> str:
+    """'64x128 w8 s1 l2_hint bits+fold' for a sweep row: tiles, warps, stages, loop and (with
+    ``dequant``) the fp8 dequant and folded scale when they are not the plain "cvt", no fold."""
+    label = (f"{int(row['block_h'])}x{int(row['block_n'])} w{int(row['num_warps'])} s{int(row['num_stages'])} "
+             f"{loop_name(row)}")
+    if dequant:
+        fold = row.get("fold_scale")
+        extra = ("bits" if row.get("dequant") == "bits" else "") + ("+fold" if fold is True or fold == 1 else "")
+        label += f" {extra.lstrip('+')}" if extra else ""
+    if row.get("lazy_rescale") is True or row.get("lazy_rescale") == 1:     # a deleted variant's rows
+        label += " lazy rescale"
+    return label
+
+
+def launch_of(row) -> dict | None:
+    """{block_h, block_n, loop, nsplit} of a decode-table row of a tensor-core impl: the row's
+    ``launch`` dict (planning.Launch.as_dict) or, in runs recorded before it, the plan_* / tiles_*
+    columns; None for impls without tiles."""
+    launch = row.get("launch")
+    if isinstance(launch, dict):
+        return {k: launch[k] for k in ("block_h", "block_n", "loop", "nsplit")}
+    if isinstance(row.get("plan_use"), str):
+        return dict(block_h=int(row["plan_block_h"]), block_n=int(row["plan_block_n"]), loop=None,
+                    nsplit=int(row["plan_nsplit"]))
+    bh = row.get("tiles_block_h")
+    if bh is not None and bh == bh:
+        return dict(block_h=int(bh), block_n=int(row["tiles_block_n"]),
+                    loop=loop_name({"prefetch": row.get("tiles_prefetch")}), nsplit=1)
+    return None
+
+
+def launch_label(row) -> str:
+    """'16x64 registers x8' for a decode-table row (launch_of: tiles, loop, NSPLIT); "" without tiles."""
+    la = launch_of(row)
+    if la is None:
+        return ""
+    return f"{la['block_h']}x{la['block_n']}" + (f" {la['loop']}" if la["loop"] else "") + f" x{la['nsplit']}"
+
+
 def split_heatmap(ax, df, value="us"):
-    """NSPLIT x B heat map of one tile config's sweep. Colour = time over the best NSPLIT
-    at that B (1.0 = best); each cell shows the time in us; a box marks the model's
-    choice (``model_choice``), a dot the measured best."""
-    grid = df.pivot_table(index="nsplit", columns="B", values=value, aggfunc="min")
+    """The NSPLIT sweep as one heat map: a row per (tile config, NSPLIT), a column per B. Colour =
+    time over the fastest cell at that B over every config (1.0 = fastest); each cell shows its
+    time in us; a red box marks the model's choice (``model_choice``: one cell per B, whichever
+    config it is in), a black dot the fastest cell. Configs are told apart by tiles, warps, stages
+    and loop (a config's split cells run "cvt" whatever its whole-row launches take). Returns the
+    grid (DataFrame, rows (config, nsplit))."""
+    d = df.dropna(subset=[value]).assign(config=lambda t: t.apply(config_label, axis=1, dequant=False))
+    grid = d.pivot_table(index=["config", "nsplit"], columns="B", values=value, aggfunc="min")
+    rows = list(grid.index)
     rel = grid / grid.min()
-    im = ax.imshow(rel.values, cmap="viridis_r", vmin=1, vmax=min(4, np.nanmax(rel.values)), aspect="auto",
-                   origin="lower")
+    im = ax.imshow(rel.values, cmap="viridis_r", vmin=1, vmax=min(4, np.nanmax(rel.values)), aspect="auto")
     ax.set_xticks(range(len(grid.columns)), [str(b) for b in grid.columns])
-    ax.set_yticks(range(len(grid.index)), [str(n) for n in grid.index])
+    ax.set_yticks(range(len(rows)), [f"{c}  x{n}" for c, n in rows], fontsize=7)
     ax.set_xlabel("batch B")
-    ax.set_ylabel("NSPLIT")
-    for i, n in enumerate(grid.index):
+    ax.set_ylabel("tiles, warps, stages, loop  x NSPLIT")
+    for i, key in enumerate(rows):
         for j, b in enumerate(grid.columns):
-            v = grid.loc[n, b]
+            v = grid.loc[key, b]
             if not math.isnan(v):
                 ax.text(j, i, f"{v:.0f}", ha="center", va="center", fontsize=7,
-                        color="white" if rel.loc[n, b] > 2 else "black")
-    chosen = df[df["model_choice"].astype(bool)] if "model_choice" in df else df.iloc[:0]
+                        color="white" if rel.loc[key, b] > 2 else "black")
+        if i and rows[i - 1][0] != key[0]:
+            ax.axhline(i - 0.5, color="white", lw=2)
+    chosen = d[d["model_choice"].astype(bool)] if "model_choice" in d else d.iloc[:0]
     for r in chosen.itertuples():
-        i, j = list(grid.index).index(r.nsplit), list(grid.columns).index(r.B)
+        i, j = rows.index((r.config, r.nsplit)), list(grid.columns).index(r.B)
         ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, ec="red", lw=2))
     best = grid.idxmin()
     # in the cell's top-right corner, clear of the number
-    ax.plot(np.arange(len(best)) + 0.33, [list(grid.index).index(n) + 0.28 for n in best], "o", ms=5,
-            mfc="black", mec="white")
-    plt.colorbar(im, ax=ax, label="time / best time at this B")
-    ax.set_title("number: us; red box: the model's choice; black dot: the measured best", fontsize=9)
+    ax.plot(np.arange(len(best)) + 0.33, [rows.index(k) - 0.25 for k in best], "o", ms=5, mfc="black", mec="white")
+    plt.colorbar(im, ax=ax, label="time / fastest time at this B")
+    ax.set_title("number: us; red box: the model's choice; black dot: the fastest cell", fontsize=9)
+    return grid
+
+
+def sweep_bars(ax, df, col="us_B128", chosen=None):
+    """Horizontal bars: each swept config's time at one batch (``col``), fastest at the top, labelled
+    by config_label; the ``chosen`` config (a dict with the sweep's keys) in red."""
+    d = df.dropna(subset=[col]).assign(label=lambda t: t.apply(config_label, axis=1)).sort_values(col, ascending=False)
+    is_chosen = d["label"] == config_label(chosen) if chosen is not None else np.zeros(len(d), bool)
+    ax.barh(d["label"], d[col], color=np.where(is_chosen, "C3", "C0"))
+    for y, v in enumerate(d[col]):
+        ax.text(v, y, f" {v:.1f}", va="center", fontsize=6)
+    ax.set_xlabel(f"{col.replace('us_', 'time at ')} (us, graph replay)")
+    ax.tick_params(axis="y", labelsize=7)
     return ax
 
 

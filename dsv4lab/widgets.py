@@ -4,6 +4,10 @@ on creation, so nbval can execute the cells without a frontend.
 
 Recorded numbers come from a table the notebook passes in (data/runs); on a CUDA
 GPU a "time live" box also times the selected configuration with dsv4lab.bench.
+Where a widget runs a kernel at its setting (notebooks 02 and 03), it does so in every
+mode: through Triton's interpreter at a small shape on a CPU, and checks the result
+against the float64 reference. Each widget's view is a plain function of its settings
+(``tiles_view``, ``split_view``), which tests call at every setting.
 """
 from __future__ import annotations
 
@@ -44,28 +48,26 @@ def _time_us(fn) -> float:
 
 
 def _tile_config(row, source="live"):
-    """The TileConfig a sweep row ran (rows recorded before the loop had a name carry its number)."""
-    from .planning import LOOP_OF_PREFETCH, TileConfig
+    """The TileConfig a sweep row (or a recorded tile-table entry) ran, costs included where the
+    entry has them (rows recorded before the loop had a name carry its number)."""
+    from .planning import TileConfig
     dequant, fold = row.get("dequant"), row.get("fold_scale")
-    loop = row.get("loop")
-    if not isinstance(loop, str):
-        loop = LOOP_OF_PREFETCH.get(int(row.get("prefetch", 0) or 0), "plain")
+    costs = {k: float(row[k]) for k in ("us_per_tile", "fixed_us", "merge_us")
+             if row.get(k) is not None and row.get(k) == row.get(k)}
     return TileConfig(block_h=int(row["block_h"]), block_n=int(row["block_n"]), num_warps=int(row["num_warps"]),
-                      num_stages=int(row["num_stages"]), source=source, loop=loop,
+                      num_stages=int(row["num_stages"]), source=source, loop=plots.loop_name(row),
                       dequant=dequant if isinstance(dequant, str) else "cvt",
-                      fold_scale=bool(fold) if fold is not None and fold == fold else False)
+                      fold_scale=bool(fold) if fold is not None and fold == fold else False, **costs)
 
 
-def time_tile_live(row, B, H=64, K=512, context=8192) -> float:
-    """Graph-replay time (us) of the head-batched kernel with one tile config (GPU)."""
-    from .kernels import split_k
-    from .planning import launch_for
-    inp, opts = _inputs(B, H, K, context), launch_for(_tile_config(row))
-    return _time_us(lambda: split_k.run(inp.q, inp.cache, inp.indices, None, 512 ** -0.5, None, opts))
+def recorded_tiles(use: str, run: str = "h200"):
+    """The recorded run's tile-table entry for ``use`` ("mma" or "split") as a planning.TileConfig."""
+    from . import runs
+    return _tile_config(runs.tile_choice(use, run), source=f"recorded run {run!r}")
 
 
 def time_split_live(row, B, nsplit, H=64, K=512, context=8192) -> float:
-    """Graph-replay time (us) of split-K with one tile config and NSPLIT (GPU)."""
+    """Graph-replay time (us) of split-K with one sweep row's tile config and NSPLIT (GPU)."""
     from .kernels import split_k
     from .planning import launch_for
     cfg = _tile_config(row)
@@ -73,65 +75,232 @@ def time_split_live(row, B, nsplit, H=64, K=512, context=8192) -> float:
     return _time_us(lambda: split_k.run(inp.q, inp.cache, inp.indices, None, 512 ** -0.5, None, opts))
 
 
-def explore_tiles(df: pd.DataFrame, chosen: dict | None = None, H=64, K=512, context=8192):
-    """BLOCK_H and B over the recorded tile sweep (rows with us_B<batch> columns):
-    the configs with that BLOCK_H, fastest first, at that batch."""
-    batches = sorted(int(c[4:]) for c in df.columns if c.startswith("us_B"))
-    block_hs = sorted(int(h) for h in df["block_h"].unique())
+def _occupancy(programs: int, sms: int) -> str:
+    """'3 of 132 SMs busy' or '4 waves' for a launch of ``programs`` programs on ``sms`` SMs."""
+    if programs <= sms:
+        return f"{programs} of {sms} SMs busy"
+    return f"{-(-programs // sms)} waves on {sms} SMs"
 
+
+def _checked(run, inp) -> dict:
+    """``run(inp)`` -> (out, lse) with outputs poisoned (NaN) first, against the float64 reference."""
+    from . import reference
+    from .testing import LSE_TOL, OUT_TOL, poisoned, rel_err
+    with poisoned():
+        out, lse = run(inp)
+    ro, rl = reference.sparse_decode(inp.q, inp.cache, inp.indices, sm_scale=512 ** -0.5, **inp.kwargs())
+    e_out, e_lse = rel_err(out.float(), ro), rel_err(lse, rl)
+    return dict(out_err=e_out, lse_err=e_lse, ok=e_out <= OUT_TOL and e_lse <= LSE_TOL)
+
+
+# ---- notebook 02: the story's kernel at one BLOCK_H, next to the recorded sweep ----------------
+
+#: the head blocks notebook 02's widget offers: tl.dot needs 16 rows; 32 is the story's; 64 = all heads
+STORY_BLOCK_HS = (16, 32, 64)
+
+
+def story_shape(B: int) -> tuple:
+    """(B, H, K, context) the story-kernel widget runs live: the model's shapes on a GPU; in the
+    interpreter H = 64 as well (BLOCK_H then sets the programs per request as it does on the GPU),
+    at most 4 requests and 64 top-k tokens."""
+    return (B, 64, 512, 2048) if mode() == "cuda" else (min(B, 4), 64, 64, 256)
+
+
+def _story_call(block_h):
+    from dataclasses import replace
+
+    from .kernels import head_batched
+    from .planning import STORY_TILES
+    tiles = replace(STORY_TILES, block_h=block_h, source=f"the story's kernel with BLOCK_H={block_h}")
+    return lambda x: head_batched.sparse_decode_story(x.q, x.cache, x.indices, sm_scale=512 ** -0.5, tiles=tiles,
+                                                      **x.kwargs())
+
+
+def story_check(block_h: int, B: int) -> dict:
+    """The story's stage-2 kernel (head_batched._story_kernel) launched with BLOCK_H = ``block_h``
+    once at story_shape(B), on fresh random inputs with padding, topk_len and a sink, outputs
+    poisoned: its programs and its errors against the float64 reference."""
+    return _story_check(block_h, *story_shape(B))
+
+
+@functools.lru_cache(maxsize=32)
+def _story_check(block_h, B, H, K, context) -> dict:
+    from .testing import make_decode_inputs
+    inp = make_decode_inputs(B, H, K, context=context, pad_frac=0.1, topk_len=True, sink=True, seed=1000 * B + block_h)
+    return dict(B=B, H=H, K=K, block_h=block_h, programs=B * -(-H // block_h), **_checked(_story_call(block_h), inp))
+
+
+def time_story_live(block_h: int, B: int) -> float:
+    """Graph-replay time (us) of the story's kernel with BLOCK_H = ``block_h`` at B (GPU)."""
+    inp = _inputs(B, 64, 512, 8192)
+    call = _story_call(block_h)
+    return _time_us(lambda: call(inp))
+
+
+def recorded_head_block(tiles: pd.DataFrame, decode: pd.DataFrame | None, block_h: int, B: int) -> pd.DataFrame:
+    """(label, us) of every recorded launch with this BLOCK_H at batch B: the tile sweep's configs of
+    the tuned kernel (``tiles``, columns us_B<batch>) and, from the decode table, the story's kernel
+    (impl "mma_story") when it ran with this BLOCK_H."""
+    from .planning import STORY_TILES
+    rows = []
+    col = f"us_B{B}"
+    if col in tiles:
+        for _, r in tiles[tiles["block_h"] == block_h].dropna(subset=[col]).iterrows():
+            rows.append(dict(label="tuned " + plots.config_label(r), us=float(r[col])))
+    if decode is not None and "impl" in decode:
+        story = decode[(decode["impl"] == "mma_story") & (decode["B"] == B)].dropna(subset=["graph_us"])
+        for _, r in story.iterrows():
+            launch = r.get("launch")
+            bh = launch["block_h"] if isinstance(launch, dict) else STORY_TILES.block_h
+            if bh == block_h:
+                rows.append(dict(label=f"the story's kernel {bh}x{STORY_TILES.block_n}", us=float(r["graph_us"])))
+    return pd.DataFrame(rows, columns=["label", "us"]).sort_values("us", ascending=False, ignore_index=True)
+
+
+def tiles_view(tiles: pd.DataFrame, block_h: int, B: int, live: bool = False, decode: pd.DataFrame | None = None,
+               sms: int | None = None) -> dict:
+    """What explore_tiles draws for one setting: the recorded launches with this BLOCK_H at B (bars),
+    the story's kernel with this BLOCK_H run and checked now (story_check), and on a GPU with
+    ``live`` its time at B. Returns the check's row."""
+    rec = recorded_head_block(tiles, decode, block_h, B)
+    chk = story_check(block_h, B)
+    live_us = time_story_live(block_h, B) if live and mode() == "cuda" else None
+    if live_us is not None:
+        rec = pd.concat([rec, pd.DataFrame([dict(label=f"LIVE: the story's kernel, BLOCK_H={block_h}", us=live_us)])],
+                        ignore_index=True)
+    fig, ax = plt.subplots(figsize=(6.5, 0.3 * max(len(rec), 1) + 1.3))
+    if len(rec):
+        ax.barh(rec["label"], rec["us"], color=["C2" if lb.startswith("LIVE") else "C0" for lb in rec["label"]])
+        for y, v in enumerate(rec["us"]):
+            ax.text(v, y, f" {v:.1f}", va="center", fontsize=7)
+        ax.tick_params(axis="y", labelsize=7)
+    else:
+        ax.text(0.5, 0.5, f"no recorded launch with BLOCK_H={block_h} at B={B}", ha="center", va="center")
+        ax.set_yticks([])
+    ax.set_xlabel(f"time per call at B={B} (us, graph replay)")
+    ax.set_title(f"BLOCK_H={block_h}, B={B}: recorded" + (" and live" if live_us is not None else ""), fontsize=9)
+    plt.show()
+    progs = B * -(-64 // block_h)
+    where = f" ({_occupancy(progs, sms)})" if sms else ""
+    served = roofline.decode_served_bytes(1, 64, 512, block_h) / 1e6
+    print(f"H=64, BLOCK_H={block_h}: {progs} programs at B={B}{where}; each KV tile is gathered "
+          f"{-(-64 // block_h)}x per query ({served:.2f} MB served per query at top-k 512)")
+    print(f"checked now ({mode()}): the story's kernel with BLOCK_H={block_h} at B={chk['B']}, H={chk['H']}, "
+          f"K={chk['K']} ({chk['programs']} programs): out error {chk['out_err']:.1e}, lse error "
+          f"{chk['lse_err']:.1e} -> {'ok' if chk['ok'] else 'FAILS the bounds'}")
+    return chk
+
+
+def explore_tiles(tiles: pd.DataFrame, decode: pd.DataFrame | None = None, sms: int | None = None):
+    """BLOCK_H x B for the head-batched kernel (tiles_view): the recorded launches with that head
+    block at that batch (the tile sweep's ``tiles``, the story's kernel from ``decode``), next to
+    the story's kernel with that BLOCK_H run and checked against the reference now (a small shape
+    in the interpreter); on a GPU "time live" times it at B."""
+    batches = sorted(int(c[4:]) for c in tiles.columns if c.startswith("us_B"))
     def show(block_h, B, live):
-        d = df[df["block_h"] == block_h].copy()
-        col = f"us_B{B}"
-        if live:
-            d[col] = [time_tile_live(r, B, H, K, context) for _, r in d.iterrows()]
-        d = d.dropna(subset=[col])
-        fig, ax = plt.subplots(figsize=(6, 0.35 * len(d) + 1.2))
-        plots.tile_bars(ax, d, col, chosen)
-        ax.set_title(f"BLOCK_H={block_h}, B={B}: {'live' if live else 'recorded'}; "
-                     f"{B * -(-H // block_h)} programs per launch", fontsize=9)
-        plt.show()
-        best = d.loc[d[col].idxmin()]
-        print(f"fastest at B={B} with BLOCK_H={block_h}: {plots.tile_label(best)}, {best[col]:.1f} us")
-
-    return w.interactive(show, block_h=w.Dropdown(options=block_hs, value=block_hs[-1], description="BLOCK_H"),
-                         B=_slider(batches, batches[-1], "B"), live=_live_box())
+        tiles_view(tiles, block_h, B, live, decode, sms)
+    return w.interactive(show, block_h=w.Dropdown(options=STORY_BLOCK_HS, value=32, description="BLOCK_H"),
+                         B=_slider(batches, 1, "B"), live=_live_box())
 
 
-def explore_split(df: pd.DataFrame, H=64, K=512, context=8192):
-    """NSPLIT and B over a recorded split sweep of one tile config (rows B, nsplit, us,
-    model_choice): time vs NSPLIT at that B, the selected point and the model's choice."""
-    batches = sorted(int(b) for b in df["B"].unique())
-    splits = sorted(int(n) for n in df["nsplit"].unique())
-    cfg_row = df.iloc[0]
+# ---- notebook 03: split-K at one NSPLIT, next to the recorded NSPLIT sweep ---------------------
 
-    def show(B, nsplit, live):
-        d = df[df["B"] == B].sort_values("nsplit")
-        fig, ax = plt.subplots(figsize=(5.5, 3))
-        ax.plot(d["nsplit"], d["us"], "o-", label="recorded")
-        pick = d[d["nsplit"] == nsplit]
-        model = d[d["model_choice"].astype(bool)]
-        ax.plot(model["nsplit"], model["us"], "s", ms=12, mfc="none", mec="red", label="model's choice")
-        if len(pick):
-            ax.plot(pick["nsplit"], pick["us"], "*", ms=14, color="C1", label="selected")
-        if live and nsplit <= -(-K // int(cfg_row["block_n"])):
-            us = time_split_live(cfg_row, B, nsplit, H, K, context)
-            ax.plot([nsplit], [us], "^", ms=10, color="C2", label=f"live {us:.1f} us")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(splits, [str(s) for s in splits])
-        ax.set_xlabel("NSPLIT")
-        ax.set_ylabel("time per call (us)")
-        ax.set_title(f"B={B}: {B * -(-H // int(cfg_row['block_h'])) * nsplit} programs at NSPLIT={nsplit}",
-                     fontsize=9)
-        ax.legend(fontsize=8)
-        plt.show()
-        if len(pick):
-            best = d.loc[d["us"].idxmin()]
-            print(f"B={B}, NSPLIT={nsplit}: {pick['us'].iloc[0]:.1f} us; best here NSPLIT={best['nsplit']} "
-                  f"({best['us']:.1f} us); model chose {model['nsplit'].tolist()}")
+def split_shape(B: int) -> tuple:
+    """(B, H, K, context) the split-K widget runs live: the model's shapes on a GPU; in the
+    interpreter one 16-head block, at most 2 requests and 128 top-k tokens (8 tiles of 16, so
+    NSPLIT 16 leaves slices with no token)."""
+    return (B, 64, 512, 2048) if mode() == "cuda" else (min(B, 2), 16, 128, 256)
+
+
+def split_check(nsplit: int, B: int) -> dict:
+    """Split-K (split_k.run: the tuned kernel on NSPLIT slices of each row, then the LSE merge) with
+    this device's "split" tile entry and ``nsplit`` slices, once at split_shape(B), on fresh random
+    inputs with padding, topk_len and a sink, outputs and partials poisoned: its programs, how many
+    of them had no valid token in their slice, and its errors against the float64 reference."""
+    return _split_check(nsplit, *split_shape(B))
+
+
+@functools.lru_cache(maxsize=64)
+def _split_check(nsplit, b, H, K, ctx) -> dict:
+    import torch
+    import triton
+
+    from .kernels import split_k
+    from .planning import launch_for, tile_config
+    from .testing import make_decode_inputs
+    inp = make_decode_inputs(b, H, K, context=ctx, pad_frac=0.1, topk_len=True, sink=True, seed=100 * b + nsplit)
+    cfg = tile_config(H, split=True)
+    programs = b * triton.cdiv(H, cfg.block_h) * nsplit
+    opts = launch_for(cfg, nsplit, programs)
+    # the slices the kernel cuts (head_batched.launch): split_len tokens each, whole tiles
+    split_len = triton.cdiv(triton.cdiv(K, nsplit), cfg.block_n) * cfg.block_n
+    pos = torch.arange(K, device=inp.indices.device)
+    valid = (pos[None, :] < inp.topk_len[:, None]) & (inp.indices >= 0)
+    with_token = sum(len(set((pos[valid[r]] // split_len).tolist())) for r in range(b))
+    res = _checked(lambda x: split_k.run(x.q, x.cache, x.indices, x.topk_len, 512 ** -0.5, x.attn_sink, opts), inp)
+    return dict(B=b, H=H, K=K, nsplit=nsplit, tiles=f"{cfg.block_h}x{cfg.block_n}", programs=programs,
+                empty_programs=(b * nsplit - with_token) * triton.cdiv(H, cfg.block_h), **res)
+
+
+def split_view(split: pd.DataFrame, B: int, nsplit: int, live: bool = False, H: int = 64, K: int = 512,
+               sms: int | None = None) -> dict:
+    """What explore_split draws for one setting: time vs NSPLIT at B for every tile config of the
+    recorded sweep ``split`` (rows B, nsplit, tile columns, us, model_choice), the model's choice and
+    the fastest cell over all of them, the selected NSPLIT; split-K at that NSPLIT run and checked
+    now (split_check); on a GPU with ``live`` each config timed at (B, NSPLIT). Returns the check's row."""
+    d = split[split["B"] == B].dropna(subset=["us"]).copy()
+    d["config"] = d.apply(plots.config_label, axis=1, dequant=False)
+    chk = split_check(nsplit, B)
+    fig, ax = plt.subplots(figsize=(6.5, 3.2))
+    for i, (cfg, g) in enumerate(d.sort_values("nsplit").groupby("config", sort=True)):
+        ax.plot(g["nsplit"], g["us"], "o-", color=f"C{i}", label=cfg)
+        if live and mode() == "cuda" and nsplit <= -(-K // int(g["block_n"].iloc[0])):
+            us = time_split_live(g.iloc[0], B, nsplit, H, K)
+            ax.plot([nsplit], [us], "^", ms=10, color=f"C{i}", mec="black", label=f"LIVE {cfg}: {us:.1f} us")
+    model = d[d["model_choice"].astype(bool)] if "model_choice" in d else d.iloc[:0]
+    ax.plot(model["nsplit"], model["us"], "s", ms=14, mfc="none", mec="red", mew=2, label="the model's choice")
+    best = d.loc[d["us"].idxmin()] if len(d) else None
+    if best is not None:
+        ax.plot([best["nsplit"]], [best["us"]], "o", ms=5, color="black", label="fastest cell")
+    ax.axvline(nsplit, color="gray", ls="--", lw=1)
+    ax.set_xscale("log", base=2)
+    ticks = sorted(set(int(n) for n in split["nsplit"]) | {nsplit})
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("NSPLIT")
+    ax.set_ylabel("time per call (us, graph replay)")
+    ax.set_title(f"B={B}: recorded NSPLIT sweep; dashed: NSPLIT={nsplit}", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    plt.show()
+    for cfg, g in d.groupby("config", sort=True):
+        cell = g[g["nsplit"] == nsplit]
+        bh = int(g["block_h"].iloc[0])
+        progs = B * -(-H // bh) * nsplit
+        on = f" ({_occupancy(progs, sms)})" if sms else ""
+        if len(cell):
+            print(f"{cfg} x{nsplit}: {cell['us'].iloc[0]:.1f} us, {progs} programs{on}")
         else:
-            print(f"NSPLIT={nsplit} was not swept at B={B} (more slices than tiles)")
+            print(f"{cfg} x{nsplit}: not swept (its row has {-(-K // int(g['block_n'].iloc[0]))} tiles)")
+    if best is not None:
+        print(f"fastest at B={B}: {best['config']} x{int(best['nsplit'])}, {best['us']:.1f} us")
+    print(f"the model's choice at B={B}: " + ("; ".join(f"{r.config} x{int(r.nsplit)}, {r.us:.1f} us" for r in
+                                                       model.itertuples()) or "none recorded"))
+    print(f"checked now ({mode()}): split-K {chk['tiles']} x{nsplit} at B={chk['B']}, H={chk['H']}, K={chk['K']} "
+          f"({chk['programs']} programs, {chk['empty_programs']} of them with no valid token): out error "
+          f"{chk['out_err']:.1e}, lse error {chk['lse_err']:.1e} -> {'ok' if chk['ok'] else 'FAILS the bounds'}")
+    return chk
 
-    return w.interactive(show, B=_slider(batches, batches[0], "B"), nsplit=_slider(splits, splits[0], "NSPLIT"),
+
+def explore_split(split: pd.DataFrame, H: int = 64, K: int = 512, sms: int | None = None):
+    """NSPLIT x B for split-K (split_view): the recorded NSPLIT sweep at that B, every tile config,
+    the model's choice and the fastest cell marked, next to split-K at that NSPLIT run and checked
+    against the reference now (a small shape in the interpreter); on a GPU "time live" times each
+    config at (B, NSPLIT)."""
+    batches = sorted(int(b) for b in split["B"].unique())
+    splits = sorted(set(int(n) for n in split["nsplit"].unique()) | {16})
+    def show(B, nsplit, live):
+        split_view(split, B, nsplit, live, H, K, sms)
+    return w.interactive(show, B=_slider(batches, batches[0], "B"), nsplit=_slider(splits, 4, "NSPLIT"),
                          live=_live_box())
 
 
