@@ -48,10 +48,13 @@ RULES = [
     (MOE, r"_moe_grouped_gemm_kernel"),
     # fp32 GEMMs without TF32 run on CUDA cores: ffma xmma/cutlass SIMT kernels, sgemm, float gemv
     (FP32_GEMM, r"f32f32_f32f32|sgemm|_ffma|nvjet_sss|(gemv|gemmSN|gemmk1)\w*<(int, ?int, ?)?float\b"
-                r"|splitKreduce_kernel<[^>]*\bfloat, float, float, float\b"),
+                r"|splitKreduce_kernel<[^>]*\bfloat, float, float, float\b"
+                # cuBLAS's fp32 batched matrix-vector path (a bmm with one column): a dot, then a reduce
+                r"|(dot_kernel|reduce_1Block_kernel)<float\b"),
     (BF16_GEMM, r"nvjet_|xmma_gemm|cutlass|gemv|gemmSN|gemmk1|splitKreduce|s16816gemm|(bf16|bfloat16).*gemm"),
     (TOPK, r"[Tt]op[Kk]|[Ss]ort|[Rr]adix|bitonic|KthValues|KthCounts|WithinKCounts"),
-    (GLUE, r"at::native|at_cuda_detail|elementwise|reduce_kernel|Memcpy|Memset|_mhc_sinkhorn_kernel"
+    (GLUE, r"at::native|at_cuda_detail|elementwise|reduce_kernel|Memcpy|Memset|memcpy|_mhc_sinkhorn_kernel"
+           r"|^exp2_kernel"
            r"|^triton_(poi|red|per)_|CatArray|[Ii]ndex|gather|scatter|fill|copy|softmax|norm"),
 ]
 
