@@ -193,16 +193,17 @@ PART_READERS = {
     "tiles": ["notebook 02", "experiments/tile_sweep"],
     "split": ["notebooks 02-03", "experiments/split_sweep"],
     "indexer": ["notebooks 04-05", "README"],
+    "reproduce": ["notebook 04 (the glue's ops)", "notebooks 06-07", "README"],
     "launch_floor": ["notebook 03"],
 }
 
 
-def write_manifest(folder, part: str, payload: dict, command: str):
-    """Add (or replace) ``part``'s entry in ``folder``/manifest.json: its file, date, device,
-    versions, the command that wrote it and who reads it."""
+def write_manifest(folder, part: str, payload: dict, command: str, file: str | None = None):
+    """Add (or replace) ``part``'s entry in ``folder``/manifest.json: its file (default
+    ``<part>.json``), date, device, versions, the command that wrote it and who reads it."""
     path = Path(folder) / "manifest.json"
     man = json.loads(path.read_text()) if path.exists() else {}
-    man[part] = {"file": f"{part}.json", "date": payload.get("date"), "device": payload.get("device", {}).get("name"),
+    man[part] = {"file": file or f"{part}.json", "date": payload.get("date"), "device": payload.get("device", {}).get("name"),
                  "torch": payload.get("torch"), "triton": payload.get("triton"), "command": command,
                  "read_by": PART_READERS.get(part, [])}
     path.write_text(json.dumps(dict(sorted(man.items())), indent=1) + "\n")

@@ -124,7 +124,9 @@ DUMP = Path(__file__).resolve().parents[1] / "data" / "runs" / "h200" / "reprodu
 @pytest.mark.skipif(not DUMP.exists(), reason="no GPU kernel dump committed yet (python -m dsv4lab reproduce)")
 def test_recorded_gpu_kernels_are_classified():
     dump = json.loads(DUMP.read_text())
-    for stage, d in dump["stages"].items():
+    cases = [(f"{s} C={c}", d) for s, per_c in dump["stages"].items() for c, d in per_c.items()]
+    assert len(cases) >= 8, "the dump holds every stage's profiles"
+    for stage, d in cases:
         ks = d["kernels"]
         for k in ks:
             k["category"] = P.classify(k["name"])                  # today's rules, not the recorded ones
