@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import re
 import subprocess
 import sys
 import tarfile
@@ -42,6 +43,11 @@ from . import bench, profile
 from .device import mode
 from .model import (ASSUMPTIONS, CPU_MODEL, DSV4_FLASH_TP8, GLUE, Model, ModelConfig, Stage,
                     assumptions_markdown, weight_bytes)
+
+def _repo_relative(text: str) -> str:
+    """Error text with this machine's paths to the package cut to ``dsv4lab/...``."""
+    return re.sub(r"(/[^\s\"']*)?/(dsv4lab/[\w/.]+)", r"\2", text)
+
 
 #: the campaign's stages, cumulative; variants at the end
 STAGES = (
@@ -461,7 +467,7 @@ def compile_lesson(out_json: str, stage_name: str = "S4", C: int = PROFILE_BATCH
                        finite=bool(torch.isfinite(out).all()))
             del g
         except Exception as e:
-            row.update(ok=False, error_type=type(e).__name__, error=str(e)[:1500])
+            row.update(ok=False, error_type=type(e).__name__, error=_repo_relative(str(e))[:1500])
             if e.__context__ is not None:                    # e.g. the capture's end failing after the first error
                 row["error_during"] = f"{type(e.__context__).__name__}: {str(e.__context__)[:800]}"
             try:
