@@ -14,8 +14,42 @@ import triton.language as tl
 
 from ..cache import DATA_BYTES, HEAD_DIM, NOPE_DIM, SCALE_BYTES
 from ..device import info, is_interpret
+from ..errors import Flag
 
 LOG2E = 1.4426950408889634
+
+#: the error word's bits (dsv4lab.errors.Flag), as kernels read them
+INDEX_FLAG = tl.constexpr(int(Flag.INDEX))
+TOPK_LEN_FLAG = tl.constexpr(int(Flag.TOPK_LEN))
+SINK_FLAG = tl.constexpr(int(Flag.SINK))
+NONFINITE_FLAG = tl.constexpr(int(Flag.NONFINITE))
+SEQ_LEN_FLAG = tl.constexpr(int(Flag.SEQ_LEN))
+PAGE_FLAG = tl.constexpr(int(Flag.PAGE))
+
+
+@triton.jit
+def in_cache(tok, num_tokens):
+    """tok is a token of the cache: 0 <= tok < num_tokens, in one unsigned compare (a negative
+    index, the padding, wraps to >= 2^31). Entries that fail it are padding: never read."""
+    return tok.to(tl.uint32) < num_tokens
+
+
+@triton.jit
+def row_length(TOPK_LEN, b, K, HAS_TOPK_LEN: tl.constexpr):
+    """(entries of row b to read, error bits): topk_len[b] clamped to [0, K] (TOPK_LEN_FLAG if it lay
+    outside), or K without a topk_len."""
+    n = K
+    flags = tl.full([], 0, tl.int32)
+    if HAS_TOPK_LEN:
+        raw = tl.load(TOPK_LEN + b)
+        n = tl.minimum(tl.maximum(raw, 0), K)
+        flags = tl.where(raw.to(tl.uint32) > K, TOPK_LEN_FLAG, 0)
+    return n, flags
+
+
+def token_limit(cache) -> int:
+    """num_tokens as the kernels compare it (indices are int32: anything past 2^31 - 1 is moot)."""
+    return min(cache.num_tokens, 2**31 - 1)
 
 
 @triton.jit
