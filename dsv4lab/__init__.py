@@ -3,7 +3,7 @@
 Importing this package first decides the mode (CUDA GPU or Triton's CPU
 interpreter) and sets TRITON_INTERPRET before anything imports triton.
 """
-from .device import configure as _configure
+from .device import exit_on_mode_error as _configure
 
 _configure()
 

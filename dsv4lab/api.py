@@ -80,8 +80,13 @@ def impl_info(op: str, name: str) -> Impl:
     return _pick(op, name)
 
 
+_LOADED = []
+
+
 def _load_kernels():
-    from . import kernels  # noqa: F401  (importing registers the implementations)
+    if not _LOADED:
+        from . import kernels  # noqa: F401  (importing registers the implementations)
+        _LOADED.append(True)
 
 
 def _pick(op, impl) -> Impl:

@@ -19,6 +19,7 @@ Indexer K cache (DeepGEMM fused layout), 132 bytes per token, pages of 64::
 """
 from __future__ import annotations
 
+import functools
 import numbers
 from dataclasses import dataclass
 
@@ -145,6 +146,13 @@ class KVCache:
     @property
     def device(self) -> torch.device:
         return self.buffer.device
+
+    @functools.cached_property
+    def byte_views(self) -> tuple:
+        """(float8_e4m3fn, uint8, bfloat16) flat views of the buffer: the decode kernels' three pointers
+        (fp8 nope values, UE8M0 scale bytes, bf16 rope), made once per cache."""
+        raw = self.buffer.reshape(-1)
+        return raw.view(torch.float8_e4m3fn), raw, raw.view(torch.bfloat16)
 
     def to(self, device) -> "KVCache":
         return KVCache(self.buffer.to(device), self.page_size, self.num_tokens)

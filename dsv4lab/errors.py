@@ -17,6 +17,14 @@ import enum
 import torch
 
 
+class OneLine:
+    """Mixin for errors about the setup (an environment variable, a missing file or package), not the
+    code: Jupyter and IPython show the message alone instead of a traceback."""
+
+    def _render_traceback_(self):
+        return [f"{type(self).__name__}: {self}"]
+
+
 class Flag(enum.IntFlag):
     """The bits of the error word, one per kind of bad input, and what the op did about it."""
     INDEX = 1          # sparse decode: an index >= cache.num_tokens
@@ -65,6 +73,9 @@ def word(device) -> torch.Tensor:
     """This device's error word, int32 [1] (made on first use, which must not be inside a CUDA-graph
     capture: a graph would own its memory; every op runs eagerly once before capture anyway, since
     Triton compiles on the first launch)."""
+    w = _WORDS.get(device)                 # a tensor's .device (cuda:N): the fast path of every launch
+    if w is not None:
+        return w
     d = _key(device)
     w = _WORDS.get(d)
     if w is None:

@@ -63,8 +63,14 @@ def indexer_table(run: str = "h200") -> str:
     return "\n".join(lines)
 
 
+def bad_input_table() -> str:
+    from . import contracts
+    return contracts.render()
+
+
 SECTIONS = {"decode-run": lambda: run_line("decode"), "decode-table": decode_table,
-            "indexer-run": lambda: run_line("indexer"), "indexer-table": indexer_table}
+            "indexer-run": lambda: run_line("indexer"), "indexer-table": indexer_table,
+            "bad-input": bad_input_table}
 
 
 def render(name: str) -> str:

@@ -183,8 +183,7 @@ def gather_kv_tile(kv_fp8, kv_u8, kv_bf16, tok, valid, PAGE_SIZE: tl.constexpr, 
 
 def cache_views(cache):
     """(fp8, uint8, bf16) flat views of the cache bytes, the kernel's three pointers."""
-    raw = cache.buffer.reshape(-1)
-    return raw.view(torch.float8_e4m3fn), raw, raw.view(torch.bfloat16)
+    return cache.byte_views
 
 
 def dot_dtype():
