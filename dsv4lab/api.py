@@ -305,10 +305,13 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x if x.shape[-1] <= 1 or x.stride(-1) == 1 else x.contiguous()
 
 
-def _no_tokens(q, attn_sink):
-    """(out, lse) of rows that read nothing: out 0, lse -inf, or the sink (flagged if not finite)."""
+def _no_tokens(q, topk_len, attn_sink):
+    """(out, lse) of rows that read nothing (B = 0 or K = 0): out 0, lse -inf, or the sink; a topk_len
+    other than 0 or a non-finite sink flagged, as the kernels do."""
     B, H, D = q.shape
     out = torch.zeros(B, H, D, dtype=torch.bfloat16, device=q.device)
+    if B and topk_len is not None:
+        errors.set_flag(q.device, errors.Flag.TOPK_LEN, (topk_len != 0).any())
     if attn_sink is None:
         return out, torch.full((B, H), -math.inf, dtype=torch.float32, device=q.device)
     if B:
@@ -322,7 +325,7 @@ def _decode_entry(fn):
     @functools.wraps(fn)
     def run(q, cache, indices, *, topk_len, sm_scale, attn_sink, **kw):
         if q.shape[0] == 0 or indices.shape[1] == 0:
-            return _no_tokens(q, attn_sink)
+            return _no_tokens(q, topk_len, attn_sink)
         return fn(q.contiguous(), cache, _rows(indices), topk_len=None if topk_len is None else topk_len.contiguous(),
                   sm_scale=sm_scale, attn_sink=None if attn_sink is None else attn_sink.contiguous(), **kw)
     return run

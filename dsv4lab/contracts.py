@@ -24,7 +24,7 @@ import torch
 from . import api, cache as C, errors, reference
 from .device import torch_device
 from .errors import DeviceInputError
-from .testing import OUT_TOL, rel_err
+from .testing import OUT_TOL, rel_err, strided_view
 
 
 @dataclass(frozen=True)
@@ -78,21 +78,11 @@ def _flagged(call):
     errors.check_errors()
 
 
-def _strided(x, dim=0):
-    """The values of ``x`` in a view with stride 2 along ``dim`` (every other element of a bigger tensor)."""
-    shape = list(x.shape)
-    shape[dim] *= 2
-    big = torch.zeros(shape, dtype=x.dtype, device=x.device)
-    view = big[(slice(None),) * dim + (slice(0, None, 2),)]
-    view.copy_(x)
-    return view
-
-
 def _same_as_contiguous(impl, **strided):
     """The call with strided views of some arguments gives bitwise the answer of contiguous copies."""
     q, cache, idx, sink = _decode_inputs()
     args = dict(q=q, indices=idx, attn_sink=sink, topk_len=torch.tensor([5, 8], dtype=torch.int32, device=q.device))
-    views = {k: _strided(v, strided[k]) if k in strided else v for k, v in args.items()}
+    views = {k: strided_view(v, strided[k]) if k in strided else v for k, v in args.items()}
     a = api.sparse_decode(views.pop("q"), cache, views.pop("indices"), impl=impl, **views)
     b = api.sparse_decode(args.pop("q"), cache, args.pop("indices"), impl=impl, **args)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), "strided views read differently"
@@ -291,8 +281,8 @@ def _seq_len_answer():
 
 def _strided_seq_lens():
     a = _indexer_inputs()
-    seq = _strided(a["seq_lens"])
-    got = api.indexer_logits(a["q"], a["index_cache"], _strided(a["weights"], 1), seq, a["page_table"],
+    seq = strided_view(a["seq_lens"])
+    got = api.indexer_logits(a["q"], a["index_cache"], strided_view(a["weights"], 1), seq, a["page_table"],
                              max_seq_len=128, impl="triton")
     ref = reference.indexer_logits(a["q"], a["index_cache"], a["weights"], a["seq_lens"], a["page_table"], 128)
     assert rel_err(got, ref) <= 1e-4
