@@ -106,9 +106,10 @@ def prefetch_kv_l2_bulk(kv_u8, tok, valid, PAGE_SIZE: tl.constexpr, PAGE_BYTES: 
 #: 5 integer/bf16x2 instructions per pair of values instead of 6 of which 2 are conversions.
 #: Needs e <= MAX_SCALE_BYTE (2^(e-7) must be a finite bf16): scale <= 2^7, amax <= 57344. A larger
 #: byte gets a NaN factor (E4M3_BAD_SCALE), so the values it scales, and every output that reads
-#: them, come out NaN: a visible failure where the range check cannot run (CUDA graphs,
-#: check_ranges=False), never a wrong finite number. e4m3 NaN bytes (0x7f/0xff) come out finite
-#: (not a value a quantizer writes).
+#: them, come out NaN (and the kernel flags a non-finite output in the error word): a visible
+#: failure where the host check of checks="sync" does not run, never a wrong finite number. The
+#: packers never write such a byte (cache.MAX_PACKED_SCALE_BYTE). e4m3 NaN bytes (0x7f/0xff, never
+#: written by a packer either) come out finite here: 480 x the scale.
 E4M3_SEL = (0x1404, 0x3424)           # prmt selectors: [x1 0 x0 0], [x3 0 x2 0]
 E4M3_BODY, E4M3_SIGN, E4M3_SHIFT = 0x7F007F00, 0x80008000, 4
 MAX_SCALE_BYTE = 254 - 120
