@@ -15,7 +15,7 @@ Rows (``rows``): one per (tool, target): ``finished`` (the target ran to its end
 sanitizer could not attach on this runtime: reported, never counted as clean). The run also
 keeps the sanitizer's version and the last lines of its output. With ``--cpu-smoke`` (automatic
 without a GPU) the targets run once through Triton's interpreter and no sanitizer runs.
-Expected runtime on an H200: about 2 minutes per tool, most of it Triton loading the kernels
+Expected runtime on an H200: up to 2 minutes per tool (130 s limit each), most of it Triton loading the kernels
 under the tool (run after another GPU script has filled Triton's cache).
 """
 import re
@@ -120,7 +120,7 @@ def main(argv=None):
         payload["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                                            capture_output=True, text=True).stdout.strip()
         for tool in a.tools:
-            res = sanitize(tool, 240)
+            res = sanitize(tool, 130)
             payload.setdefault("tools", []).append(res)
             for name, done in res.get("targets_finished", {}).items():
                 payload["rows"].append({"tool": tool, "target": name, "finished": done, "status": res["status"],
