@@ -44,6 +44,7 @@ class Impl:
     graph_safe: bool = True          # captures in a CUDA graph (no host sync, shapes-only launches)
     max_scale_byte: Callable | None = None   # (B, H, K) -> largest UE8M0 scale byte it reads right, or None
     reads_dead_pages: bool = False   # indexer: gathers every page-table entry, not only the live ones
+    guards_inputs: bool = False      # indexer: clamps seq_lens, cuts at a bad live page id and flags both itself
 
 
 OPS = ("sparse_decode", "indexer_logits", "indexer_topk")
@@ -61,7 +62,8 @@ def register(op: str, name: str, **props):
 
     def deco(fn):
         guard = _decode_entry if op == "sparse_decode" else functools.partial(
-            _indexer_entry, op=op, dead_pages=props.get("reads_dead_pages", False))
+            _indexer_entry, op=op, dead_pages=props.get("reads_dead_pages", False),
+            guarded=props.get("guards_inputs", False))
         _IMPLS[op][name] = Impl(op, name, guard(fn), **props)
         return fn
     return deco
@@ -394,11 +396,12 @@ def _sync_indexer_checks(q, index_cache, weights, seq_lens, page_table, max_seq_
         raise ValueError(f"index_cache page {int(pages[i])} (a live page) holds bytes the packer never writes: {what}")
 
 
-def _indexer_entry(fn, *, op, dead_pages):
+def _indexer_entry(fn, *, op, dead_pages, guarded=False):
     """The indexer guard around an implementation: B = 0 answered without it, q / weights / seq_lens
     contiguous, and the device-side guard (kernels.guards.sanitize_indexer) in front: seq_lens
     clamped, each request cut before a live page id outside the cache, and for code that gathers
-    the whole table (``dead_pages``) a copy with every entry in the cache."""
+    the whole table (``dead_pages``) a copy with every entry in the cache. An impl that does all of
+    that itself (``guarded``: Impl.guards_inputs) runs without the guard's launch."""
     @functools.wraps(fn)
     def run(q, index_cache, weights, seq_lens, page_table, *, max_seq_len, **kw):
         B = q.shape[0]
@@ -406,6 +409,9 @@ def _indexer_entry(fn, *, op, dead_pages):
             if op == "indexer_topk":
                 return torch.empty(0, kw["topk"], dtype=torch.int32, device=q.device)
             return torch.empty(0, max_seq_len, dtype=torch.float32, device=q.device)
+        if guarded:
+            return fn(q.contiguous(), index_cache, weights.contiguous(), seq_lens.contiguous(), _rows(page_table),
+                      max_seq_len=max_seq_len, **kw)
         from .kernels import guards
         seq, table = guards.sanitize_indexer(seq_lens.contiguous(), _rows(page_table), max_seq_len,
                                              index_cache.num_pages, index_cache.page_size, whole_table=dead_pages)

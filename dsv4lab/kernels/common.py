@@ -47,6 +47,27 @@ def row_length(TOPK_LEN, b, K, HAS_TOPK_LEN: tl.constexpr):
     return n, flags
 
 
+@triton.jit
+def live_length(SEQ, PT, b, max_seq_len, num_pages, stride_pb, PAGE: tl.constexpr, BLOCK: tl.constexpr):
+    """(row b's length the indexer may read, error bits): seq_lens[b] clamped to [0, max_seq_len]
+    (SEQ_LEN_FLAG if it lay outside), then cut before its first live page whose id lies outside
+    [0, num_pages) (PAGE_FLAG). Reads the row's live page-table entries only."""
+    raw = tl.load(SEQ + b)
+    flags = tl.where(raw.to(tl.uint32) > max_seq_len, SEQ_LEN_FLAG, 0)
+    seq = tl.minimum(tl.maximum(raw, 0), max_seq_len)
+    live = (seq + PAGE - 1) // PAGE
+    first = live                                     # the first live page whose id is outside the cache
+    c = tl.arange(0, BLOCK)
+    row = PT + b * stride_pb
+    for p0 in range(0, live, BLOCK):
+        p = p0 + c
+        page = tl.load(row + p, mask=p < live, other=0)
+        bad = ~in_cache(page, num_pages) & (p < live)
+        first = tl.minimum(first, tl.min(tl.where(bad, p, live), axis=0))
+    flags |= tl.where(first < live, PAGE_FLAG, 0)
+    return tl.minimum(seq, first * PAGE), flags
+
+
 def token_limit(cache) -> int:
     """num_tokens as the kernels compare it (indices are int32: anything past 2^31 - 1 is moot)."""
     return min(cache.num_tokens, 2**31 - 1)

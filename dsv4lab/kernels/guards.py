@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from .. import errors
-from .common import INDEX_FLAG, PAGE_FLAG, SEQ_LEN_FLAG, SINK_FLAG, in_cache, row_length
+from .common import INDEX_FLAG, SINK_FLAG, in_cache, live_length, row_length
 
 BLOCK = 1024
 
@@ -69,20 +69,10 @@ def sanitize_decode(indices, topk_len, attn_sink, num_tokens: int):
 def _indexer_guard_kernel(SEQ, PT, SEQ_OUT, PT_OUT, ERR, max_seq_len, num_pages, P, stride_pb,
                           PAGE: tl.constexpr, BLOCK: tl.constexpr, WHOLE_TABLE: tl.constexpr):
     b = tl.program_id(0)
-    raw = tl.load(SEQ + b)
-    flags = tl.where(raw.to(tl.uint32) > max_seq_len, SEQ_LEN_FLAG, 0)
-    seq = tl.minimum(tl.maximum(raw, 0), max_seq_len)
-    live = (seq + PAGE - 1) // PAGE
-    first = live                                     # the first live page whose id is outside the cache
+    seq, flags = live_length(SEQ, PT, b, max_seq_len, num_pages, stride_pb, PAGE, BLOCK)
+    tl.store(SEQ_OUT + b, seq)
     c = tl.arange(0, BLOCK)
     row = PT + b * stride_pb
-    for p0 in range(0, live, BLOCK):
-        p = p0 + c
-        page = tl.load(row + p, mask=p < live, other=0)
-        bad = ~in_cache(page, num_pages) & (p < live)
-        first = tl.minimum(first, tl.min(tl.where(bad, p, live), axis=0))
-    flags |= tl.where(first < live, PAGE_FLAG, 0)
-    tl.store(SEQ_OUT + b, tl.minimum(seq, first * PAGE))
     if WHOLE_TABLE:
         for p0 in range(0, P, BLOCK):
             p = p0 + c

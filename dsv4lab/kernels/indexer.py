@@ -21,9 +21,10 @@ a captured graph, the API's range check (``api.check_indexer_args``) reads the w
 the host; the registered functions, which a graph captures, do not.
 
 Page-table safety (no host check runs under CUDA-graph capture): an entry of a live page outside
-[0, num_pages) is never dereferenced; that page's 64 positions get -inf, so the top-k never
-chooses them (``_page`` is the one place that decides it, where a device-side error flag would
-be raised). Entries past a request's live pages are never used to address the cache.
+[0, num_pages) is never dereferenced; that page's 64 positions get -inf (``_page`` is the one
+place that decides it). Entries past a request's live pages are never used to address the cache.
+In ``topk_step`` the top-k then cuts the request before that page and flags it (the API's
+contract), so the registered step needs no separate guard launch.
 """
 from __future__ import annotations
 
@@ -62,10 +63,13 @@ class LogitsLaunch:
         return asdict(self)
 
 
-#: the shipped launch: the recorded H200 run's best loop (register pipeline, 8 programs per SM,
-#: 3 stages; experiments/indexer_page_loop). experiments/indexer_topk re-times it against variants
-#: and says by which rule a variant replaces it.
-LOGITS = LogitsLaunch()
+#: the shipped launch: the plain loop (Triton's pipeliner, 3 stages), fp16 dot, 64 registers a thread
+#: (8 programs an SM). experiments/indexer_topk run 1 (H200, B = 32, 64 heads) picked it by the
+#: README's rule over 16 variants: score 1.60 of 2, ~107 us (~63% of copy) at live 65536 against
+#: 146 us (46%) for the previous launch, LogitsLaunch(prefetch=1, dot="bf16", maxnreg=None).
+LOGITS = LogitsLaunch(prefetch=0, dot="fp16", maxnreg=64)
+#: the launch LOGITS replaced (experiments/indexer_topk times both)
+LOGITS_RUN1 = LogitsLaunch()
 #: positions one program sets to -inf per store in the dead region
 FILL = 1024
 #: the shipped launch's programs per SM (notebook 05 computes the grid from it)
@@ -239,11 +243,16 @@ def logits_triton(q, index_cache: IndexKCache, weights, seq_lens, page_table, ma
 def topk_step(q, index_cache: IndexKCache, weights, seq_lens, page_table, max_seq_len: int, k: int, *,
               launch: LogitsLaunch | None = None, topk_launch: TopkLaunch | None = None):
     """The whole indexer step over the live context: logits of the live pages only (no -inf fill),
-    then the exact top-k of kernels/topk.py over each row's live prefix. Two launches, no host sync.
-    Returns positions int32 [B, k]: ascending, ties to the lower position, -1 padded."""
+    then the exact top-k of kernels/topk.py over each row's live prefix. Two or three launches (the
+    top-k's split), no host sync. Returns positions int32 [B, k]: ascending, ties to the lower
+    position, -1 padded. It guards its own inputs as the API's contract says: seq_lens clamped to
+    [0, max_seq_len] (both kernels), a request cut before its first live page id outside the cache
+    (the logits kernel never reads such a page; the top-k stops before it), each flagged in the
+    error word by the top-k."""
     logits = logits_triton(q, index_cache, weights, seq_lens, page_table, max_seq_len, launch=launch,
                            fill_dead=False)
-    return topk_triton(logits, seq_lens, k, launch=topk_launch)
+    return topk_triton(logits, seq_lens, k, launch=topk_launch,
+                       pages=(page_table, index_cache.num_pages, index_cache.page_size))
 
 
 @register("indexer_logits", "triton", stage="S4", description="the Triton indexer: live pages only")
@@ -252,10 +261,10 @@ def _logits(q, index_cache, weights, seq_lens, page_table, *, max_seq_len):
                          max_seq_len)
 
 
-@register("indexer_topk", "triton", stage="S4",
+@register("indexer_topk", "triton", stage="S4", guards_inputs=True,
           description="the Triton indexer and an exact radix top-k, both over the live context only")
 def _topk(q, index_cache, weights, seq_lens, page_table, *, max_seq_len, topk):
-    return topk_step(q.contiguous(), index_cache, weights.contiguous(), seq_lens.contiguous(), page_table.contiguous(),
+    return topk_step(q.contiguous(), index_cache, weights.contiguous(), seq_lens.contiguous(), page_table,
                      max_seq_len, topk)
 
 

@@ -43,7 +43,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import alloc
+from .. import errors
+from ..device import info, is_interpret
+from .common import alloc, live_length
 
 
 @dataclass(frozen=True)
@@ -54,11 +56,16 @@ class TopkLaunch:
     in one tile); ``radix``: key bits resolved per pass (5: 32 bins, the fewest Triton's
     histogram takes, one per lane of a warp; the cost per key of its ballot-based histogram grows
     with the bins); ``num_warps``: one program per row, so 8 warps hold 8192 keys as 32 a thread;
-    ``anchor``: the key bits of pass 0's buckets (0: no pass 0, the radix starts at the top bit)."""
+    ``anchor``: the key bits of pass 0's buckets (0: no pass 0, the radix starts at the top bit);
+    ``split``: programs per row S (a power of two; None: ``split_for`` from the shapes; 1: the
+    one-launch path). With S > 1 chunk s of a row of n live positions is [s*ceil(n/S), ...), each
+    chunk program holds ``tile / S`` positions at once, and a second launch selects among the S*k
+    candidates (``tile`` at most)."""
     tile: int = 8192
     radix: int = 5
     num_warps: int = 8
     anchor: int = 12
+    split: int | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -115,8 +122,8 @@ def _load_keys(row, c, offs, n):
 
 
 @triton.jit
-def _emit(out, key, pos, himask, prefix, k_rem, eq_seen, taken):
-    """Store the chosen positions of one tile at their slots; return the running counts (keys
+def _emit(key, himask, prefix, k_rem, eq_seen, taken):
+    """Which keys of one tile are chosen and their output slots, and the running counts (keys
     equal to the threshold seen so far, positions stored so far). One scan for both counts: keys
     above the threshold in the high 16 bits, keys at it in the low 16 (a tile holds < 2^16)."""
     top = key & himask
@@ -128,22 +135,57 @@ def _emit(out, key, pos, himask, prefix, k_rem, eq_seen, taken):
     eq_before = eq_seen + (c & 0xFFFF) - eq                          # in the row, exclusive
     sel = (gt != 0) | ((eq != 0) & (eq_before < k_rem))              # ties: the lower positions first
     slot = taken + gt_before + tl.minimum(eq_before, k_rem) - tl.minimum(eq_seen, k_rem)
-    tl.store(out + slot, pos, mask=sel)
     n_gt = tl.sum(gt, 0)
     n_eq = tl.sum(eq, 0)
-    return eq_seen + n_eq, taken + n_gt + tl.minimum(eq_seen + n_eq, k_rem) - tl.minimum(eq_seen, k_rem)
+    return sel, slot, eq_seen + n_eq, taken + n_gt + tl.minimum(eq_seen + n_eq, k_rem) - tl.minimum(eq_seen, k_rem)
 
 
 @triton.jit
-def _topk_kernel(X, SEQ, OUT, width, k, stride_xb, stride_ob,
+def _store(out, aux, row, sel, slot, pos, start, STAGE: tl.constexpr):
+    """Store one tile's chosen positions: stage 0 the positions; stage 1 the candidates (position
+    start + pos in ``out``, its logit in ``aux``); stage 2 the positions the candidates stand for."""
+    if STAGE == 0:
+        tl.store(out + slot, pos, mask=sel)
+    elif STAGE == 1:
+        tl.store(out + slot, start + pos, mask=sel)
+        tl.store(aux + slot, tl.load(row + pos, mask=sel), mask=sel)
+    else:
+        tl.store(out + slot, tl.load(aux + pos, mask=sel), mask=sel)
+
+
+@triton.jit
+def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, width, k, stride_xb, stride_ob, num_pages, stride_pb,
                  TILE: tl.constexpr, RADIX: tl.constexpr, OUT_BLOCK: tl.constexpr,
-                 ANCHOR: tl.constexpr = 12):
+                 ANCHOR: tl.constexpr = 12, STAGE: tl.constexpr = 0, GUARD: tl.constexpr = False,
+                 PAGE: tl.constexpr = 64):
+    """STAGE 0: the top-k of row b's live prefix. STAGE 1 (grid (B, S)): the top-k of chunk s of
+    it, written as k candidates (positions to OUT, logits to AUX: [B, S*k], chunk s at s*k, -1 /
+    -inf padded). STAGE 2: the top-k of a row's S*k candidates (X), emitted as the positions AUX
+    holds for them. GUARD (stages 0, 1): seq_lens[b] is checked and cut as the indexer's
+    contract says (common.live_length) and flagged in the error word ERR."""
     b = tl.program_id(0).to(tl.int64)
-    n = tl.minimum(tl.maximum(tl.load(SEQ + b), 0), width)
-    row = X + b * stride_xb
-    out = OUT + b * stride_ob
+    s = tl.program_id(1)
     offs = tl.arange(0, TILE)
+    start = 0
+    if STAGE == 2:
+        n = width                                                      # every candidate (padding is -inf)
+        aux = AUX + b * stride_xb
+    else:
+        n = tl.minimum(tl.maximum(tl.load(SEQ + b), 0), width)
+        aux = AUX + b * stride_ob + s * k
+        if STAGE == 1:
+            chunk = (n + tl.num_programs(1) - 1) // tl.num_programs(1)
+            start = s * chunk
+            n = tl.maximum(tl.minimum(n - start, chunk), 0)
+    row = X + b * stride_xb + start
+    out = OUT + b * stride_ob + s * k
     key0 = _load_keys(row, 0, offs, n)                                 # the first tile stays in registers
+    if GUARD:
+        # the cut needs the row's live page ids: the first tile's load does not wait for it
+        cut, flags = live_length(SEQ, PT, b, width, num_pages, stride_pb, PAGE, 1024)
+        n = tl.maximum(tl.minimum(n, cut - start), 0)
+        key0 = tl.where(offs < n, key0, 0)
+        tl.atomic_or(ERR, flags, mask=(flags != 0) & (s == 0))
     NB: tl.constexpr = 1 << RADIX
     bins = tl.arange(0, NB)
     prefix = tl.zeros([], tl.uint32)       # the key bits fixed so far (bits below lo are 0)
@@ -179,22 +221,43 @@ def _topk_kernel(X, SEQ, OUT, width, k, stride_xb, stride_ob,
         himask = himask | (dmask << new_lo)
         lo = new_lo
         busy = (lo > 0) & (in_d > k_rem)                               # stop once d's bucket is wanted whole
-    eq_seen, taken = _emit(out, key0, offs, himask, prefix, k_rem, 0, 0)
+    sel, slot, eq_seen, taken = _emit(key0, himask, prefix, k_rem, 0, 0)
+    _store(out, aux, row, sel, slot, offs, start, STAGE)
     for c in range(TILE, n, TILE):
-        eq_seen, taken = _emit(out, _load_keys(row, c, offs, n), c + offs, himask, prefix, k_rem, eq_seen, taken)
+        sel, slot, eq_seen, taken = _emit(_load_keys(row, c, offs, n), himask, prefix, k_rem, eq_seen, taken)
+        _store(out, aux, row, sel, slot, c + offs, start, STAGE)
     o = tl.arange(0, OUT_BLOCK)
     for c in range(0, k, OUT_BLOCK):
-        tl.store(out + c + o, tl.full([OUT_BLOCK], -1, tl.int32), mask=(c + o >= taken) & (c + o < k))
+        pad = (c + o >= taken) & (c + o < k)
+        tl.store(out + c + o, tl.full([OUT_BLOCK], -1, tl.int32), mask=pad)
+        if STAGE == 1:
+            tl.store(aux + c + o, tl.full([OUT_BLOCK], float("-inf"), tl.float32), mask=pad)
 
 
-def topk_triton(logits: torch.Tensor, seq_lens: torch.Tensor, k: int, *, launch: TopkLaunch | None = None
-                ) -> torch.Tensor:
+def split_for(B: int, width: int, k: int, sm_count: int, tile: int = 8192, most: int = 4) -> int:
+    """The programs a row is split over (a power of two, 1: the one-launch path), from shapes only
+    (one captured graph serves every step): doubled while the (B, S) grid fits one wave of
+    ``sm_count`` programs, S*k candidates fit one ``tile`` and each chunk of a full-width row holds
+    >= 2k positions; at most ``most`` (the merge's S*k candidates cost what a row of that length does:
+    experiments/indexer_topk's prediction puts the best at 4 for B = 32, k = 512, 8192 live)."""
+    s = 1
+    while 2 * s <= most and B * 2 * s <= sm_count and 2 * s * k <= tile and width >= 4 * s * k:
+        s *= 2
+    return s
+
+
+def topk_triton(logits: torch.Tensor, seq_lens: torch.Tensor, k: int, *, launch: TopkLaunch | None = None,
+                pages=None) -> torch.Tensor:
     """Positions int32 [B, k] of the k largest logits among positions < seq_lens[b] (the module's
     contract: ascending positions, ties to the lower position, -1 padded, -inf never chosen).
 
     ``logits`` float32 [B, width] with unit stride along the row (positions >= seq_lens[b] are
-    never read, so they may hold anything); ``seq_lens`` int32 [B] on the same device. No host
-    sync: one launch of B programs, whatever the lengths."""
+    never read, so they may hold anything); ``seq_lens`` int32 [B] on the same device. ``pages``:
+    (page_table [B, P] int32 with unit column stride, num_pages, page_size) for the indexer step:
+    each row is then cut before its first live page id outside [0, num_pages), and a seq_len
+    outside [0, width] or such a page id is flagged in the error word (dsv4lab.errors), as the
+    API's guard would. No host sync: one launch of B programs (``launch.split`` S = 1) or two, the
+    chunks (B x S programs) then the merge of their candidates (B programs), whatever the lengths."""
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.dtype != torch.float32 \
             or (logits.shape[1] > 1 and logits.stride(1) != 1):
         raise ValueError(f"logits must be a float32 [B, width] tensor with unit stride along rows, got "
@@ -210,10 +273,26 @@ def topk_triton(logits: torch.Tensor, seq_lens: torch.Tensor, k: int, *, launch:
     if launch.tile & (launch.tile - 1) or not 32 <= launch.tile <= 32768 or launch.radix not in (5, 6, 7, 8) \
             or not 0 <= launch.anchor <= 16:
         raise ValueError(f"tile must be a power of two in [32, 32768], radix in 5..8 and anchor in 0..16, got {launch}")
+    S = launch.split or split_for(B, width, k, 2 if is_interpret() else info().sm_count, launch.tile)
+    if S & (S - 1) or not 1 <= S <= launch.tile // 32:
+        raise ValueError(f"split must be a power of two in [1, tile / 32 = {launch.tile // 32}], got {S}")
     out = alloc((B, k), torch.int32, logits.device)
     if B == 0:
         return out
-    _topk_kernel[(B,)](logits, seq_lens, out, width, k, logits.stride(0), out.stride(0),
-                       TILE=launch.tile, RADIX=launch.radix, OUT_BLOCK=min(OUT_BLOCK, triton.next_power_of_2(k)),
-                       ANCHOR=launch.anchor, num_warps=launch.num_warps)
+    guard = pages is not None
+    table, num_pages, page_size = pages if guard else (seq_lens, 0, 64)
+    err = errors.word(logits.device) if guard else seq_lens
+    opts = dict(RADIX=launch.radix, OUT_BLOCK=min(OUT_BLOCK, triton.next_power_of_2(k)), ANCHOR=launch.anchor,
+                PAGE=page_size, num_warps=launch.num_warps)
+    pt_stride = table.stride(0) if guard else 0
+    if S == 1:
+        _topk_kernel[(B, 1)](logits, seq_lens, out, out, table, err, width, k, logits.stride(0), out.stride(0),
+                             num_pages, pt_stride, TILE=launch.tile, STAGE=0, GUARD=guard, **opts)
+        return out
+    pos = alloc((B, S * k), torch.int32, logits.device)
+    val = alloc((B, S * k), torch.float32, logits.device)
+    _topk_kernel[(B, S)](logits, seq_lens, pos, val, table, err, width, k, logits.stride(0), pos.stride(0),
+                         num_pages, pt_stride, TILE=launch.tile // S, STAGE=1, GUARD=guard, **opts)
+    _topk_kernel[(B, 1)](val, seq_lens, out, pos, table, err, S * k, k, val.stride(0), out.stride(0),
+                         num_pages, 0, TILE=min(launch.tile, triton.next_power_of_2(S * k)), STAGE=2, **opts)
     return out
