@@ -11,7 +11,7 @@ import dsv4lab
 from dsv4lab import errors, reference
 from dsv4lab.kernels import indexer
 from dsv4lab.kernels.indexer import LogitsLaunch
-from dsv4lab.kernels.topk import TopkLaunch, topk_triton
+from dsv4lab.kernels.topk import TopkLaunch, split_for, topk_triton
 from dsv4lab.testing import INDEXER_TOL, check_indexer, make_indexer_inputs, poisoned, rel_err, topk_recall
 
 SMALL = TopkLaunch(tile=64)             # rows longer than a tile: the streamed path
@@ -100,6 +100,35 @@ def test_topk_refuses_what_it_cannot_read():
         topk_triton(x, _lens(1, 2), 0)
 
 
+@pytest.mark.parametrize("split,ks", [(2, (1, 301)), (4, (30,)), (8, (64,))])
+def test_rows_split_over_programs_are_the_contract(split, ks):
+    # chunk candidates, then their merge: the same positions as one program per row, whatever the
+    # chunk lengths (odd, shorter than k, empty), ties across chunk edges, -inf and empty rows
+    g = torch.Generator().manual_seed(12 + split)
+    x = torch.randn(6, 301, generator=g)
+    x[1] = torch.randint(0, 3, (301,), generator=g).float()     # few distinct values: ties everywhere
+    x[2, 5:290] = -math.inf
+    x[3] = -x[3].abs()
+    x[4, 100:] = float("nan")                                    # past seq_len: never read
+    n = _lens(301, 301, 301, 37, 100, 0)
+    launch = TopkLaunch(tile=256, split=split)
+    for k in ks:
+        want = reference.topk_positions(x.masked_fill(torch.arange(301) >= n[:, None], -math.inf), k)
+        assert torch.equal(_topk(x, n, k, launch), want), k
+    if split == 2:
+        assert torch.equal(_topk(x[:1], n[:1], 40, launch), _topk(x[:1], n[:1], 40))   # B = 1
+        assert _topk(x[:0], n[:0], 8, launch).shape == (0, 8)
+
+
+def test_split_is_chosen_from_shapes_only():
+    assert split_for(32, 262208, 512, 132) == 4 and split_for(32, 1048576, 512, 132) == 4
+    assert split_for(64, 262208, 512, 132) == 2 and split_for(128, 262208, 512, 132) == 1
+    assert split_for(1, 262208, 512, 132) == 4 and split_for(1, 1500, 512, 132) == 1
+    assert split_for(8, 262208, 4096, 132) == 2 and split_for(8, 262208, 8192, 132) == 1
+    with pytest.raises(ValueError, match="split must be a power of two"):
+        topk_triton(torch.zeros(1, 64), _lens(64), 4, launch=TopkLaunch(tile=64, split=4))
+
+
 def test_strided_rows_of_a_wider_buffer():
     wide = torch.randn(3, 100)
     x = wide[:, :70]                            # row stride 100, width 70
@@ -155,8 +184,8 @@ def test_dead_page_table_entries_hold_anything(junk):
         assert rel_err(dsv4lab.indexer_logits(*inp.args(), max_seq_len=640, impl="triton"), ref) <= INDEXER_TOL
 
 
-@pytest.mark.parametrize("prefetch", [0, 1, 2])
-def test_a_bad_live_page_id_is_never_read(prefetch):
+@pytest.mark.parametrize("prefetch,split", [(0, 1), (1, 1), (2, 4)])
+def test_a_bad_live_page_id_is_never_read(prefetch, split):
     # what a captured graph would see with a corrupt page table (the API's check cannot run there):
     # the logits kernel scores that page's 64 positions -inf (never read); the step cuts the request
     # there (the API's contract: nothing from that page on is chosen) and flags it
@@ -168,7 +197,8 @@ def test_a_bad_live_page_id_is_never_read(prefetch):
     errors.read()
     with poisoned():
         out = indexer.logits_triton(*inp.args(), 400, launch=LogitsLaunch(prefetch=prefetch))
-        top = indexer.topk_step(*inp.args(), 400, 40, launch=LogitsLaunch(prefetch=prefetch))
+        top = indexer.topk_step(*inp.args(), 400, 40, launch=LogitsLaunch(prefetch=prefetch),
+                                topk_launch=TopkLaunch(tile=256, split=split))
     assert errors.read() == errors.Flag.PAGE
     bad = torch.zeros(3, 400, dtype=torch.bool)
     bad[0, 128:192] = bad[1, 0:64] = bad[2, 64:128] = True
@@ -280,3 +310,25 @@ def test_step_plots_draw_every_impl_and_the_floor():
     assert len(a.get_lines()) == 3 and len(b.get_lines()) == 4
     assert len(b.get_lines()[2].get_xdata()) == 1                      # a missing time is left out, not drawn as 0
     plt.close(fig)
+
+
+def test_the_step_guards_its_inputs_without_the_guard_launch(monkeypatch):
+    # impl="triton" clamps seq_lens and cuts at a bad live page id in its own kernels, flagging both:
+    # the API runs it without kernels.guards.sanitize_indexer (one launch fewer, eager and in a graph)
+    from dsv4lab.kernels import guards
+    assert dsv4lab.api.impl_info("indexer_topk", "triton").guards_inputs
+    inp = make_indexer_inputs(2, 8, 256, seq_lens=[256, 200], seed=13)
+    ref, _ = _step_ref(inp, 24)
+    inp.seq_lens[0] = 9999
+    inp.page_table[1, 1] = -3
+
+    def refuse(*a, **kw):
+        raise AssertionError("the guard launch ran")
+    monkeypatch.setattr(guards, "sanitize_indexer", refuse)
+    errors.read()
+    with poisoned():
+        got = dsv4lab.indexer_topk(*inp.args(), max_seq_len=256, topk=24, impl="triton")
+    assert errors.read() == errors.Flag.SEQ_LEN | errors.Flag.PAGE
+    cut = torch.zeros(2, 256, dtype=torch.bool)
+    cut[1, 64:] = True
+    assert torch.equal(got, reference.topk_positions(ref.masked_fill(cut, -math.inf), 24))
