@@ -1,9 +1,13 @@
 """Exact top-k over the live prefix of each row, graph-safe: the indexer's selection step.
 
 ``torch.topk`` over a [B, max_seq_len] row reads and sorts the whole row, dead tail included,
-so its cost follows the maximum context. Here the grid is one program per row, fixed by the
-shapes; each program reads its row's length ``n = seq_lens[b]`` on the device and touches only
-positions < n. The select is a radix select on order-preserving integer keys:
+so its cost follows the maximum context. Here the grid is fixed by the shapes; each program
+reads its row's length ``n = seq_lens[b]`` on the device and touches only positions < n. One
+program per row (``split`` S = 1), or S per row: each takes the exact top-k of its chunk of the
+row (ties to the lower position) as k candidates in chunk order, then one program per row selects
+among the S*k candidates the same way. A candidate's index grows with its position and every
+position of the row's top-k is in its chunk's top-k, so both steps together give the contract
+below exactly. The select is a radix select on order-preserving integer keys:
 
     key(x) = bits(x) with the sign bit flipped for x >= 0 and all bits flipped for x < 0
              (an unsigned key that orders exactly like the float; -0.0 and +0.0 share one key)
