@@ -17,7 +17,7 @@ OUT.json as soon as it is done (``complete`` False until the end):
    eager (back-to-back calls) and in a graph; the registered function eagerly; the step with the
    one-launch top-k (split 1) eagerly and in a graph; at max 262208 and 1,048,576.
 4. top-k alone (``kind="topk"``): each split S (None: the shipped choice from the shapes; 1, 2, 4,
-   8) checked exact on random lengths, then timed at live 8192, max 262208 and 1,048,576, and at
+   8; S = 4 with 4 and 16 warps) checked exact on random lengths, then timed at live 8192, max 262208 and 1,048,576, and at
    live 65536 (streamed chunks); ``kind="topk_batch"``: the shipped choice against S = 1 at B = 1,
    64, 128.
 5. logits alone (``kind="logits"``): the shipped launch and run 1's, checked against the float64
@@ -46,8 +46,9 @@ from dsv4lab.testing import INDEXER_TOL, make_indexer_inputs, poisoned, rel_err,
 QUESTION = "indexer_topk"
 K = 512
 H = 64
-#: the top-k splits timed (None: the shipped choice, topk.split_for)
-SPLITS = [None, 1, 2, 4, 8]
+#: the top-k launches timed: (split, warps); split None is the shipped choice (topk.split_for), the
+#: shipped launch's warps first
+SPLITS = [(None, None), (1, None), (2, None), (4, None), (8, None), (4, 4), (4, 16)]
 #: the logits launches timed: the shipped one (run 1's pick) and run 1's default
 LOGITS_LAUNCHES = {"shipped": LOGITS, "run1": LOGITS_RUN1}
 
@@ -129,8 +130,8 @@ def run_checks(smoke, B, L, live) -> list:
     return rows
 
 
-def split_launch(split):
-    return TOPK if split is None else replace(TOPK, split=split)
+def split_launch(split, warps=None):
+    return replace(TOPK, split=split, num_warps=warps or TOPK.num_warps)
 
 
 def random_lengths(B, live, seed):
@@ -155,8 +156,8 @@ def run_topk(smoke, B, live) -> list:
         timed[n, Lm] = (indexer.logits_triton(*inp.args(), Lm, fill_dead=False), inp.seq_lens)
         del inp
     sms = 2 if smoke else torch.cuda.get_device_properties(0).multi_processor_count
-    for split in SPLITS:
-        launch = split_launch(split)
+    for split, warps in SPLITS:
+        launch = split_launch(split, warps)
 
         def one(launch=launch):
             with poisoned():
@@ -166,7 +167,7 @@ def run_topk(smoke, B, live) -> list:
             for (n, Lm), (logits, seq) in timed.items():
                 row[f"us_live{n}_max{Lm}"] = ab.time_us(lambda: topk_triton(logits, seq, K, launch=launch), smoke)
             return row
-        rows.append(ab.attempt(dict(kind="topk", split=split, B=B,
+        rows.append(ab.attempt(dict(kind="topk", split=split, num_warps=launch.num_warps, B=B,
                                     resolved_split=split or topk.split_for(B, L, K, sms)), one))
     del timed
     for b in ([1, 2] if smoke else [1, 64, 128]):
@@ -333,7 +334,7 @@ def targets(rows, smoke, copy, max_lens) -> list:
         logits_us=_get(rows, "logits", f"us_live{n}", launch="shipped"), copy_tb_s=copy)
     live = 300 if smoke else 8192
     for L in max_lens[1:]:
-        add(f"top-k alone at live {live}, max {L} (us)", _get(rows, "topk", f"us_live{live}_max{L}", split=None), 15.0,
+        add(f"top-k alone at live {live}, max {L} (us)", _get(rows, "topk", f"us_live{live}_max{L}", split=None, num_warps=TOPK.num_warps), 15.0,
             note="the shipped split")
         e = _get(rows, "eager", "api_eager_us", max_seq_len=L)
         g = _get(rows, "eager", "api_graph_us", max_seq_len=L) or _get(rows, "eager", "fn_graph_us", max_seq_len=L)
