@@ -149,14 +149,14 @@ def run_topk(smoke, B, live) -> list:
     chk = make_indexer_inputs(B, H, L, seq_lens=random_lengths(B, live, 51), seed=51)
     x = dsv4lab.indexer_logits(*chk.args(), max_seq_len=L, impl="triton")
     want = reference.topk_positions(x, K)
-    shapes = [(live, 700), (live, 1400)] if smoke else [(8192, 262208), (8192, 1048576), (65536, 65536)]
+    shapes = [(live, 700)] if smoke else [(8192, 262208), (8192, 1048576), (65536, 65536)]
     timed = {}
     for n, Lm in shapes:
         inp = make_indexer_inputs(B, H, Lm, seq_lens=n, seed=52)
         timed[n, Lm] = (indexer.logits_triton(*inp.args(), Lm, fill_dead=False), inp.seq_lens)
         del inp
     sms = 2 if smoke else torch.cuda.get_device_properties(0).multi_processor_count
-    for split, warps in SPLITS:
+    for split, warps in SPLITS[:5] if smoke else SPLITS:      # warps are the same program in the interpreter
         launch = split_launch(split, warps)
 
         def one(launch=launch):
