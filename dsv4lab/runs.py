@@ -320,26 +320,37 @@ def measure_indexer_step(max_lens=(8192, 65536, 262208, 1048576), lives=(1024, 8
     """Time the indexer step (logits + top-k, the registered functions a captured graph runs) live
     (GPU only), with the columns of experiments/indexer_topk's rows: kind="step_vs_max" (``live``
     tokens a request at each max context; ``torch_impls`` only up to ``torch_max``) and
-    kind="step_vs_live" (the Triton step at each live length, max context ``live_max``); graph replay,
-    and the floor of the step's live bytes at this device's copy ceiling."""
+    kind="step_vs_live" (the Triton step at each live length, max context ``live_max``, with its logits
+    and its top-k timed alone); graph replay, and the floor of the bytes at this device's copy ceiling."""
     from . import api, bench
     from .device import ceilings
-    from .roofline import indexer_step_bytes
+    from .kernels.indexer import logits_triton
+    from .kernels.topk import topk_triton
+    from .roofline import indexer_bytes, indexer_step_bytes
     from .testing import make_indexer_inputs
-    copy = ceilings().copy_tb_s
+    copy = ceilings().copy_tb_s * 1e12
     rows = []
 
-    def one(kind, impl, n, L):
+    def us(fn):
+        return bench.time_ms(fn, graph=True) * 1e3
+
+    def step_row(kind, impl, n, L):
         inp = make_indexer_inputs(B, H, L, seq_lens=n, seed=13)
         fn = api.impl_info("indexer_topk", impl).fn
-        us = bench.time_ms(lambda: fn(*inp.args(), max_seq_len=L, topk=topk), graph=True) * 1e3
-        rows.append(dict(kind=kind, impl=impl, B=B, live=n, max_seq_len=L, graph_us=us,
-                         floor_us=indexer_step_bytes(B, n, H, k=topk) / (copy * 1e12) * 1e6))
+        row = dict(kind=kind, impl=impl, B=B, live=n, max_seq_len=L,
+                   graph_us=us(lambda: fn(*inp.args(), max_seq_len=L, topk=topk)),
+                   floor_us=indexer_step_bytes(B, n, H, k=topk) / copy * 1e6)
+        if kind == "step_vs_live":
+            x = logits_triton(*inp.args(), L, fill_dead=False)
+            row.update(logits_us=us(lambda: logits_triton(*inp.args(), L, fill_dead=False)),
+                       topk_us=us(lambda: topk_triton(x, inp.seq_lens, topk)))
+            row["logits_share_of_copy"] = indexer_bytes(B, n, H) / (row["logits_us"] * 1e-6) / copy
+        rows.append(row)
     for L in max_lens:
         for impl in ("triton",) + tuple(torch_impls if L <= torch_max else ()):
-            one("step_vs_max", impl, live, L)
+            step_row("step_vs_max", impl, live, L)
     for n in lives:
-        one("step_vs_live", "triton", n, live_max)
+        step_row("step_vs_live", "triton", n, live_max)
     return pd.DataFrame(rows)
 
 

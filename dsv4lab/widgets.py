@@ -742,23 +742,10 @@ def indexer_step_check(live: int, max_seq_len: int) -> dict:
 
 @functools.lru_cache(maxsize=64)
 def _indexer_step_check(B, H, lens, L, k) -> dict:
-    import torch
-
-    from . import api, reference
-    from .kernels.indexer import logits_triton
-    from .testing import INDEXER_TOL, make_indexer_inputs, poisoned, rel_err, topk_recall
+    from .testing import check_indexer_step, make_indexer_inputs
     inp = make_indexer_inputs(B, H, L, seq_lens=list(lens), seed=sum(lens) + L)
-    step = api.impl_info("indexer_topk", "triton").fn
-    with poisoned():
-        top = step(*inp.args(), max_seq_len=L, topk=k)
-        logits = logits_triton(*inp.args(), L)
-    ref = reference.indexer_logits(*inp.args(), L)
-    exact = bool(torch.equal(top.cpu(), reference.topk_positions(logits, k).cpu()))
-    recall = topk_recall(top.cpu(), reference.topk_indices(ref, k).cpu(), ref.cpu())
-    err = rel_err(logits, ref)
-    return dict(B=B, H=H, lens=lens, max_seq_len=L, k=k, exact=exact, recall=recall, logits_err=err,
-                padded=int((top == -1).sum()), read=sum(-(-n // 64) * 64 for n in lens), max_positions=B * L,
-                ok=exact and recall == 1.0 and err <= INDEXER_TOL)
+    return dict(B=B, H=H, lens=lens, max_seq_len=L, k=k, read=sum(-(-n // 64) * 64 for n in lens), max_positions=B * L,
+                **check_indexer_step(inp, k))
 
 
 def time_indexer_step_live(live: int, max_seq_len: int, B: int = 32, H: int = 64, k: int = 512) -> float:
