@@ -136,10 +136,12 @@ def latest_experiment(question: str, prefix: str = "") -> str:
     """The name of ``question``'s newest data file (by its recorded ``date``) among those whose name
     starts with ``prefix``: a rerun added beside an older one (``h200_run2`` beside ``h200_run1``)
     is what notebooks read."""
-    names = [n for n in experiment_names().get(question, []) if n.startswith(prefix)]
+    every = experiment_names()
+    names = [n for n in every.get(question, []) if n.startswith(prefix)]
     if not names:
-        raise FileNotFoundError(f"experiment {question!r} has no data file named {prefix}*; "
-                                f"the experiments are {sorted(experiment_names())}")
+        raise FileNotFoundError(f"experiment {question!r} has no data file named {prefix}*.json" +
+                                (f"; it has {every[question]}" if question in every else
+                                 f"; the experiments are {sorted(every)}"))
     return max(names, key=lambda n: (str(experiment(question, n).get("date", "")), n))
 
 

@@ -115,3 +115,17 @@ def test_indexer_step_check_catches_a_wrong_selection(monkeypatch):
         assert not widgets.indexer_step_check(8192, 65536)["ok"]
     finally:
         widgets._indexer_step_check.cache_clear()
+
+
+def test_the_plots_of_notebooks_04_05(indexer, step_rows):
+    from dsv4lab import plots, roofline
+    fig, (a, b) = plt.subplots(1, 2)
+    plots.indexer_logits_vs_max(a, indexer, IMPLS, B=32)
+    assert [t.get_text() for t in a.get_legend().get_texts()][:len(IMPLS)] == IMPLS
+    plots.op_share_bars(b, {"x": {"aten::copy_": 40.0, "aten::mul": 1.0}, "y": {"aten::sum": 30.0}})
+    assert [t.get_text() for t in b.get_yticklabels()] == ["copy_", "sum"]       # below 2% in every profile: left out
+    plt.close(fig)
+    # the live step's bytes, as the recorded run counted them
+    live = step_rows[step_rows.kind == "step_vs_live"]
+    for r in live.itertuples():
+        assert roofline.indexer_step_bytes(int(r.B), int(r.live)) == r.step_bytes
