@@ -123,10 +123,15 @@ def replay_shift_table(run: str = "h200", before: str = "S0", after: str = "S1")
     return "\n".join(lines)
 
 
+def bad_input_table() -> str:
+    from . import contracts
+    return contracts.render()
+
+
 SECTIONS = {"decode-run": lambda: run_line("decode"), "decode-table": decode_table,
             "indexer-run": lambda: run_line("indexer"), "indexer-table": indexer_table,
             "replay-run": replay_run_line, "replay-throughput": replay_throughput_table,
-            "replay-shift": replay_shift_table}
+            "replay-shift": replay_shift_table, "bad-input": bad_input_table}
 
 
 def render(name: str) -> str:
