@@ -368,8 +368,9 @@ def targets(rows, smoke, copy) -> list:
 
 
 def safety(smoke):
-    """Live page-table entries outside [0, num_pages) in a captured step: those 64 positions score
-    -inf (never chosen), every other row and position as before."""
+    """Live page-table entries outside [0, num_pages) in a captured step: the request is cut at its
+    first such page (positions from there on score -inf, never chosen; the error word's PAGE flag),
+    every other row as before."""
     B, L, live = (2, 700, 300) if smoke else (8, 262208, 8192)
     inp = make_indexer_inputs(B, H, L, seq_lens=live, seed=16)
     step = registered("triton")
@@ -388,7 +389,7 @@ def safety(smoke):
     inp.page_table[1, 0] = -5
     got = run().clone()
     bad = torch.zeros(B, L, dtype=torch.bool, device=ref_logits.device)
-    bad[0, 64:128] = bad[1, 0:64] = True
+    bad[0, 64:] = bad[1, :] = True
     want = reference.topk_positions(ref_logits.masked_fill(bad, -math.inf), K)
     return dict(ok=bool(torch.equal(got.cpu(), want.cpu())) and bool(torch.equal(got[2:], clean[2:])))
 
