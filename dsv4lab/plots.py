@@ -300,3 +300,36 @@ def indexer_step_vs_live(ax, df):
     mx = ", ".join(str(int(x)) for x in sorted(d["max_seq_len"].unique()))
     return _with_floor(ax, d, "live", "floor: the step's bytes at the copy ceiling",
                        f"live tokens a request (max context {mx})", "us per call (graph replay)")
+
+
+def indexer_logits_vs_max(ax, df, impls, B=32, col="graph_us"):
+    """Indexer logits time against the max context at batch ``B``, one line per impl (log-log), from
+    rows kind="time" (data/runs/*/indexer.json), with the floor of the live context's bytes dashed."""
+    d = df[(df["kind"] == "time") & (df["B"] == B)].dropna(subset=[col])
+    for impl in impls:
+        g = d[d["impl"] == impl].sort_values("max_seq_len")
+        if len(g):
+            ax.loglog(g["max_seq_len"], g[col], "o-" if impl == "triton" else "s:", label=impl)
+    live = ", ".join(str(int(x)) for x in sorted(d["live"].dropna().unique()))
+    return _with_floor(ax, d[d["impl"] == impls[0]], "max_seq_len", "floor: live keys read, logits rows written",
+                       f"max context (tokens; {live} live a request)", "logits, us per call (graph replay)")
+
+
+def op_share_bars(ax, shares: dict, ops=None, min_share=2.0):
+    """Grouped horizontal bars of the share (%) each aten op takes of a profile's glue, one bar per
+    profile: ``shares`` maps a label to {op: percent}. ``ops`` (default: every op at ``min_share`` %
+    or more in some profile) in that order, top to bottom; op names without their "aten::" prefix."""
+    if ops is None:
+        ops = list(dict.fromkeys(op for s in shares.values() for op, v in s.items() if v >= min_share))
+    n = len(shares)
+    height = 0.8 / max(n, 1)
+    y = np.arange(len(ops))
+    for i, (label, s) in enumerate(shares.items()):
+        vals = [s.get(op, 0.0) for op in ops]
+        ax.barh(y - 0.4 + height * (i + 0.5), vals, height, label=label, color=f"C{i}")
+    ax.set_yticks(y, [op.removeprefix("aten::") for op in ops])
+    ax.invert_yaxis()
+    ax.set_xlabel("share of the glue (%)")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    return ax

@@ -16,7 +16,10 @@ the innermost aten op that launched it, as the story's ``aten::copy_ 35%, mul 13
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
@@ -248,6 +251,37 @@ def cpu_breakdown(kp: KernelProfile, categories=(GLUE, FP32_GEMM)) -> EagerBreak
     glue = sum(ops.values())
     rows = [dict(op=k, us=v, share=v / glue if glue else 0.0) for k, v in sorted(ops.items(), key=lambda kv: -kv[1])]
     return EagerBreakdown(rows, {}, dict(region_us), kp.total_us)
+
+
+@contextlib.contextmanager
+def _no_fd2():
+    """File descriptor 2 to /dev/null: the profiler's C++ side writes a timestamped line there at every
+    start and stop (torch 2.13), which a notebook would show as output."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def op_breakdown(fn, region: str, categories=(GLUE, FP32_GEMM)) -> EagerBreakdown:
+    """One eager call of ``fn`` inside the profiler region ``region`` (a ``dsv4::`` name the rules
+    know, e.g. ``dsv4::indexer[torch_fp32]``: there a bmm counts as the FP32 GEMM) after one unprofiled
+    call, its time charged to aten ops: each GPU kernel to the op that launched it on a GPU
+    (:func:`eager_breakdown`), CPU self time per op under the interpreter (:func:`cpu_breakdown`)."""
+    def call():
+        with torch.profiler.record_function(region):
+            fn()
+    call()                                   # first-call work (allocator, library handles) stays out
+    with _no_fd2():
+        prof, runs = profile_runs(call, 1)
+    if torch.cuda.is_available():
+        return eager_breakdown(prof, runs, categories)
+    return cpu_breakdown(cpu_rows(prof, runs), categories)
 
 
 def transition_table(before: dict, after: dict, before_name: str, after_name: str) -> list:

@@ -38,6 +38,13 @@ def indexer_flops(B, seq_len, Hi=64, Di=128) -> int:
     return B * seq_len * Hi * (2 * Di + 3)
 
 
+def indexer_step_bytes(B, live, Hi=64, Di=128, k=512, q_bytes=2) -> int:
+    """The indexer step over the live context (logits of live pages, then the top-k of each live
+    prefix): live keys once (132 B/token), each live logit written and read back (8 B), q and the
+    head weights, the k positions written. Nothing here grows with the max context."""
+    return B * live * (INDEX_TOKEN_BYTES + 8) + B * Hi * (Di * q_bytes + 4) + B * k * 4
+
+
 def indexer_torch_steps(B, max_seq_len, Hi=64, Di=128, gemm_bytes=2, page=64) -> list[dict]:
     """Stage 4's torch fallback, kernel by kernel, over the max context (every page of
     ceil(max_seq_len / 64), live or not): bytes read and written and FLOPs of each step as

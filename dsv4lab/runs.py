@@ -13,6 +13,7 @@ experiments/ is then the folder next to that copy).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -165,6 +166,64 @@ def trace_table() -> pd.DataFrame:
     return df
 
 
+def latest_experiment(question: str, prefix: str = "") -> str:
+    """The name of ``question``'s newest data file (by its recorded ``date``) among those whose name
+    starts with ``prefix``: a rerun added beside an older one (``h200_run2`` beside ``h200_run1``)
+    is what notebooks read."""
+    every = experiment_names()
+    names = [n for n in every.get(question, []) if n.startswith(prefix)]
+    if not names:
+        raise FileNotFoundError(f"experiment {question!r} has no data file named {prefix}*.json" +
+                                (f"; it has {every[question]}" if question in every else
+                                 f"; the experiments are {sorted(every)}"))
+    return max(names, key=lambda n: (str(experiment(question, n).get("date", "")), n))
+
+
+def replay(run: str = "h200") -> dict:
+    """The recorded campaign replay (``python -m dsv4lab reproduce``: the synthetic decode step through
+    every stage) of run ``run``, data/runs/<run>/reproduce/reproduce.json, as the JSON dict."""
+    path = data_dir() / "runs" / run / "reproduce" / "reproduce.json"
+    if not path.exists():
+        raise FileNotFoundError(f"run {run!r} has no recorded replay (data/runs/{run}/reproduce/reproduce.json; "
+                                f"`python -m dsv4lab reproduce --out data/runs/{run}/reproduce` on a GPU writes it)")
+    with open(path) as f:
+        return json.load(f)
+
+
+def replay_table(name: str, run: str = "h200") -> pd.DataFrame:
+    """One of the replay's tables ("throughput", "fits", "profile", "glue_ops", "decode", "story", ...)
+    as a DataFrame."""
+    tables = replay(run).get("tables", {})
+    if name not in tables:
+        raise KeyError(f"the replay of run {run!r} has no table {name!r}; it has {sorted(tables)}")
+    return _frame(tables[name])
+
+
+def replay_glue(stage: str, run: str = "h200") -> dict:
+    """One stage's eager step in the replay, at the batch it profiled: ``ops``, its glue and FP32 GEMM
+    kernel time charged to the aten op that launched each kernel (DataFrame op, us, share), every
+    kernel's time by the profiler region that launched it (``region_us``: the model's parts, e.g.
+    ``dsv4::indexer[torch_fp32]``), the step's kernel time (``total_us``) and the batch (``C``)."""
+    d = replay(run)
+    prof = d.get("stages", {}).get(stage, {}).get("profiles", {})
+    eager = [p for p in prof.values() if p.get("glue_ops", {}).get("ops")]
+    if not eager:
+        raise KeyError(f"the replay of run {run!r} has no eager step of stage {stage!r}; "
+                       f"stages: {sorted(d.get('stages', {}))}")
+    g = eager[-1]["glue_ops"]
+    return dict(ops=_frame(g["ops"]), region_us=g.get("region_us", {}), total_us=g["total_us"], C=eager[-1]["C"])
+
+
+def optional(read, *args, **kwargs):
+    """``read(*args, **kwargs)`` (one of this module's readers), or None after printing one line that
+    says what is missing: a notebook keeps running on a data folder without that file or table."""
+    try:
+        return read(*args, **kwargs)
+    except (FileNotFoundError, KeyError) as e:
+        print(f"not recorded here: {e.args[0] if e.args else e}")
+        return None
+
+
 def ceilings(run: str = "h200"):
     """The run's measured ceilings as a dsv4lab.device.Ceilings."""
     from .device import Ceilings
@@ -254,6 +313,14 @@ def campaign(name: str) -> pd.DataFrame:
     raise FileNotFoundError(f"no campaign table {name!r}; have {sorted(p.stem for p in folder.glob('*.csv'))}")
 
 
+def story_glue_ops() -> dict:
+    """The story's breakdown of its glue by aten op (story_facts, "glue breakdown (op share of glue)")
+    as {"aten::<op>": percent}, in the story's order."""
+    text = campaign("story_facts").set_index("figure")["value"]["glue breakdown (op share of glue)"]
+    return {op if op.startswith("aten::") else f"aten::{op}": float(pct)
+            for op, pct in re.findall(r"([\w:]+) ([\d.]+)%", text)}
+
+
 def measure_decode(impls, batches, shapes=None, layers=None) -> pd.DataFrame:
     """Time ``impls`` at each batch size live (GPU only), with the recorded table's columns.
 
@@ -281,6 +348,45 @@ def measure_indexer(impls, B=32, max_lens=None, live=8192, H=64, topk=512) -> pd
         inp = make_indexer_inputs(B, H, L, seq_lens=live, seed=13)
         rows += [dict(kind="time", **bench.indexer_row(i, inp)) for i in impls]
         rows.append(dict(kind="time", **bench.indexer_topk_row(inp, topk)))
+    return pd.DataFrame(rows)
+
+
+def measure_indexer_step(max_lens=(8192, 65536, 262208, 1048576), lives=(1024, 8192, 65536), B=32, live=8192,
+                         live_max=1048576, H=64, topk=512, torch_impls=("torch_bf16",), torch_max=262208) -> pd.DataFrame:
+    """Time the indexer step (logits + top-k, the registered functions a captured graph runs) live
+    (GPU only), with the columns of experiments/indexer_topk's rows: kind="step_vs_max" (``live``
+    tokens a request at each max context; ``torch_impls`` only up to ``torch_max``) and
+    kind="step_vs_live" (the Triton step at each live length, max context ``live_max``, with its logits
+    and its top-k timed alone); graph replay, and the floor of the bytes at this device's copy ceiling."""
+    from . import api, bench
+    from .device import ceilings
+    from .kernels.indexer import logits_triton
+    from .kernels.topk import topk_triton
+    from .roofline import indexer_bytes, indexer_step_bytes
+    from .testing import make_indexer_inputs
+    copy = ceilings().copy_tb_s * 1e12
+    rows = []
+
+    def us(fn):
+        return bench.time_ms(fn, graph=True) * 1e3
+
+    def step_row(kind, impl, n, L):
+        inp = make_indexer_inputs(B, H, L, seq_lens=n, seed=13)
+        fn = api.impl_info("indexer_topk", impl).fn
+        row = dict(kind=kind, impl=impl, B=B, live=n, max_seq_len=L,
+                   graph_us=us(lambda: fn(*inp.args(), max_seq_len=L, topk=topk)),
+                   floor_us=indexer_step_bytes(B, n, H, k=topk) / copy * 1e6)
+        if kind == "step_vs_live":
+            x = logits_triton(*inp.args(), L, fill_dead=False)
+            row.update(logits_us=us(lambda: logits_triton(*inp.args(), L, fill_dead=False)),
+                       topk_us=us(lambda: topk_triton(x, inp.seq_lens, topk)))
+            row["logits_share_of_copy"] = indexer_bytes(B, n, H) / (row["logits_us"] * 1e-6) / copy
+        rows.append(row)
+    for L in max_lens:
+        for impl in ("triton",) + tuple(torch_impls if L <= torch_max else ()):
+            step_row("step_vs_max", impl, live, L)
+    for n in lives:
+        step_row("step_vs_live", "triton", n, live_max)
     return pd.DataFrame(rows)
 
 

@@ -245,3 +245,24 @@ def check_indexer(impl: str, inp: IndexerInputs, topk: int = 512):
         top = api.indexer_topk(*inp.args(), max_seq_len=inp.max_seq_len, topk=topk, impl=impl)
     ref = reference.indexer_logits(*inp.args(), inp.max_seq_len)
     return rel_err(logits, ref), topk_recall(top, reference.topk_indices(ref, topk), ref)
+
+
+def check_indexer_step(inp: IndexerInputs, topk: int = 512, got: torch.Tensor | None = None) -> dict:
+    """The indexer step over the live context (``indexer_topk(impl="triton")``'s registered function, what
+    a captured graph runs: no API checks), run on poisoned outputs unless its positions ``got`` are given:
+    ``exact``, they are the contract (reference.topk_positions) on the Triton kernel's own logits;
+    ``recall``, the share of the float64 reference's selection found (ties counted); ``logits_err``, the
+    Triton logits against the float64 ones; ``ok``, all three as they must be."""
+    from . import api, reference
+    from .kernels.indexer import logits_triton
+    with poisoned():
+        if got is None:
+            got = api.impl_info("indexer_topk", "triton").fn(*inp.args(), max_seq_len=inp.max_seq_len, topk=topk)
+        logits = logits_triton(*inp.args(), inp.max_seq_len)
+    ref = reference.indexer_logits(*inp.args(), inp.max_seq_len)
+    got = got.cpu()
+    exact = bool(torch.equal(got, reference.topk_positions(logits, topk).cpu()))
+    recall = topk_recall(got, reference.topk_indices(ref, topk).cpu(), ref.cpu())
+    err = rel_err(logits, ref)
+    return dict(exact=exact, recall=recall, logits_err=err, padded=int((got == -1).sum()),
+                ok=exact and recall == 1.0 and err <= INDEXER_TOL)

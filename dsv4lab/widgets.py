@@ -621,3 +621,195 @@ def explore_heads_per_program(decode: pd.DataFrame, tiles: pd.DataFrame | None =
 
     return w.interactive(show, heads_per_program=_slider(HEADS_PER_PROGRAM, 1, "heads/prog"),
                          B=_slider(batches, batch, "B"), live=_live_box())
+
+
+# ---- notebook 04: the max context, the torch fallback and the Triton indexer checked live --------
+
+#: the impls notebook 04's widget runs live: the story's fallback in fp32, its bf16 fix, the Triton indexer
+INDEXER_LIVE_IMPLS = ("torch_fp32", "torch_bf16", "triton")
+
+
+def indexer_max_shape(max_seq_len: int) -> tuple:
+    """(B, H, live, max context, k) notebook 04's widget checks at for a recorded max context (with
+    8192 live tokens a request): on a GPU 4 requests at the real lengths; in the interpreter 2
+    requests, 16 heads and every length / 64 (the same live : max ratio), a top-16."""
+    if mode() == "cuda":
+        return 4, 64, 8192, max_seq_len, 512
+    return 2, 16, 8192 // 64, -(-max_seq_len // 64), 16
+
+
+def indexer_max_check(max_seq_len: int) -> dict:
+    """Each of INDEXER_LIVE_IMPLS once at indexer_max_shape(max_seq_len), on fresh random inputs with
+    outputs poisoned, against the float64 reference (testing.check_indexer: logits error and top-k
+    recall; ok: logits within testing.indexer_tol and, where the products are exact, the whole
+    selection found), and the positions each computes a request (the fallback: every page of the max
+    context; the Triton kernel: the live pages)."""
+    return _indexer_max_check(*indexer_max_shape(max_seq_len))
+
+
+@functools.lru_cache(maxsize=16)
+def _indexer_max_check(B, H, live, L, k) -> dict:
+    from .testing import INDEXER_TOL, check_indexer, indexer_tol, make_indexer_inputs
+    inp = make_indexer_inputs(B, H, L, seq_lens=live, seed=L)
+    res = dict(B=B, H=H, live=live, max_seq_len=L, k=k, impls={})
+    for impl in INDEXER_LIVE_IMPLS:
+        err, recall = check_indexer(impl, inp, topk=k)
+        positions = -(-live // 64) * 64 if impl == "triton" else -(-L // 64) * 64
+        # the exact impls must find the reference's whole selection; bf16 scores may swap a boundary
+        # position (what notebook 05's selection-quality study measures), so only their logits are bounded
+        exact = indexer_tol(impl) == INDEXER_TOL
+        res["impls"][impl] = dict(logits_err=err, recall=recall, positions=positions,
+                                  ok=err <= indexer_tol(impl) and (recall == 1.0 or not exact))
+    res["ok"] = all(r["ok"] for r in res["impls"].values())
+    return res
+
+
+def indexer_max_view(df: pd.DataFrame, max_seq_len: int, live_timing: bool = False, impls=None, B=32) -> dict:
+    """What explore_indexer_max draws for one max context: the recorded graph-replay time of each
+    indexer impl (rows kind="time" at batch B of data/runs/*/indexer.json; on a GPU with
+    ``live_timing`` timed now) against the floor of the live bytes, and the fallback and the Triton
+    indexer run and checked now (indexer_max_check). Returns the check."""
+    d = df[(df["kind"] == "time") & (df["B"] == B) & (df["max_seq_len"] == max_seq_len)].set_index("impl")
+    impls = [i for i in (impls or d.index) if i in d.index]
+    us = d["graph_us"].reindex(impls)
+    live_n = int(d["live"].dropna().iloc[0]) if "live" in d and d["live"].notna().any() else 8192
+    timed = live_timing and mode() == "cuda"
+    if timed:
+        from . import bench
+        inp = _indexer_inputs(B, 64, max_seq_len, live_n)
+        us = pd.Series({i: bench.indexer_row(i, inp, eager=False)["graph_us"] for i in impls})
+    chk = indexer_max_check(max_seq_len)
+    fig, ax = plt.subplots(figsize=(6.5, 0.35 * max(len(us), 1) + 1.4))
+    if len(us):
+        ax.barh(list(us.index), us.values, color=[f"C{i}" for i in range(len(us))])
+        for y, v in enumerate(us.values):
+            ax.text(v, y, f" {v:,.1f}", va="center", fontsize=7)
+        if d["floor_us"].notna().any():
+            ax.axvline(d["floor_us"].dropna().iloc[0], color="black", ls="--", lw=1, label="floor of the live bytes")
+            ax.legend(fontsize=7, loc="lower right")
+        ax.set_xscale("log")
+    else:
+        ax.text(0.5, 0.5, f"no recorded time at max context {max_seq_len}", ha="center", va="center")
+        ax.set_yticks([])
+    ax.set_xlabel("logits, us per call (graph replay), log scale")
+    ax.set_title(f"B={B}, {live_n} live tokens a request, max context {max_seq_len}: "
+                 f"{'timed live' if timed else 'recorded'}", fontsize=9)
+    plt.show()
+    pages = -(-max_seq_len // 64)
+    print(f"the fallback computes {pages * 64:,} positions a request ({pages * 64 / live_n:.0f}x the {live_n} live), "
+          f"its [B, L, H] scores {B} x {pages * 64:,} x 64 = {B * pages * 64 * 64 / 1e6:,.0f} M values; "
+          f"the Triton kernel reads the {-(-live_n // 64)} live pages")
+    print(f"checked now ({mode()}, B={chk['B']}, H={chk['H']}, {chk['live']} live, max context {chk['max_seq_len']}, "
+          f"top-{chk['k']}):")
+    for impl, r in chk["impls"].items():
+        print(f"  {impl:10s} logits error {r['logits_err']:.1e}, top-k recall {r['recall']:.3f}, "
+              f"{r['positions']} positions a request -> {'ok' if r['ok'] else 'FAILS the bounds'}")
+    return chk
+
+
+def explore_indexer_max(df: pd.DataFrame, impls=("torch_fp32", "torch_bf16", "sglang", "triton"), B=32):
+    """The max context (the live context fixed): each indexer impl's recorded time (on a GPU "time
+    live" times them now) next to the fallback and the Triton indexer run and checked against the
+    float64 reference now, at a small shape in the interpreter (indexer_max_view)."""
+    lens = sorted(int(v) for v in df[(df["kind"] == "time") & (df["B"] == B)]["max_seq_len"].unique())
+
+    def show(max_seq_len, live_timing):
+        indexer_max_view(df, max_seq_len, live_timing, list(impls), B)
+    return w.interactive(show, max_seq_len=_slider(lens, lens[-1], "max context"), live_timing=_live_box())
+
+
+# ---- notebook 05: the indexer step at a live length and a max context -----------------------------
+
+def indexer_step_shape(live: int, max_seq_len: int) -> tuple:
+    """(B, H, row lengths, max context, k) notebook 05's widget runs the step at: on a GPU 4 requests at
+    the real lengths, top-512; in the interpreter 2 requests, 16 heads, every length / 128 and a
+    top-32. The first row holds the live length (at most the max context), the second a third of it."""
+    n = min(live, max_seq_len)
+    if mode() == "cuda":
+        return 4, 64, (n, n, n, n // 3), max_seq_len, 512
+    s = max(1, n // 128)
+    return 2, 16, (s, s // 3), -(-max_seq_len // 128), 32
+
+
+def indexer_step_check(live: int, max_seq_len: int) -> dict:
+    """The indexer step as a captured graph runs it (indexer_topk's registered Triton function: logits of
+    the live pages, then the radix top-k of each live prefix) once at indexer_step_shape(live,
+    max_seq_len), outputs poisoned: ``exact``, the positions equal the contract (reference.topk_positions)
+    on the kernel's own logits; ``recall``, the share of the float64 reference's selection found (ties
+    counted); the positions it read against those of the max context."""
+    return _indexer_step_check(*indexer_step_shape(live, max_seq_len))
+
+
+@functools.lru_cache(maxsize=64)
+def _indexer_step_check(B, H, lens, L, k) -> dict:
+    from .testing import check_indexer_step, make_indexer_inputs
+    inp = make_indexer_inputs(B, H, L, seq_lens=list(lens), seed=sum(lens) + L)
+    return dict(B=B, H=H, lens=lens, max_seq_len=L, k=k, read=sum(-(-n // 64) * 64 for n in lens), max_positions=B * L,
+                **check_indexer_step(inp, k))
+
+
+def time_indexer_step_live(live: int, max_seq_len: int, B: int = 32, H: int = 64, k: int = 512) -> float:
+    """Graph-replay time (us) of the Triton indexer step at B requests of ``live`` tokens (GPU)."""
+    from . import api
+    inp = _indexer_inputs(B, H, max_seq_len, min(live, max_seq_len))
+    fn = api.impl_info("indexer_topk", "triton").fn
+    return _time_us(lambda: fn(*inp.args(), max_seq_len=max_seq_len, topk=k))
+
+
+def indexer_step_view(rows: pd.DataFrame, live: int, max_seq_len: int, live_timing: bool = False) -> dict:
+    """What explore_indexer_step draws for one (live length, max context): the recorded step against
+    the max context and against the live length (experiments/indexer_topk rows kind="step_vs_max" and
+    "step_vs_live") with this setting marked, on a GPU with ``live_timing`` the step timed now, and
+    the step run now and checked exact (indexer_step_check). Returns the check."""
+    chk = indexer_step_check(live, max_seq_len)
+    vs_max = rows[(rows["kind"] == "step_vs_max") & (rows["impl"] == "triton")].dropna(subset=["graph_us"])
+    vs_live = rows[rows["kind"] == "step_vs_live"].dropna(subset=["graph_us"])
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.3))
+    fig.subplots_adjust(wspace=0.3)
+    plots.indexer_step_vs_max(axes[0], rows)
+    axes[0].axvline(max_seq_len, color="C3", lw=1)
+    plots.indexer_step_vs_live(axes[1], rows)
+    axes[1].axvline(live, color="C3", lw=1)
+    for ax, what in zip(axes, ("max context", "live length")):
+        ax.set_title(f"recorded; red: the {what} chosen", fontsize=9)
+        ax.legend(fontsize=7)
+    timed = time_indexer_step_live(live, max_seq_len) if live_timing and mode() == "cuda" else None
+    if timed is not None:
+        axes[0].plot([max_seq_len], [timed], "*", ms=12, color="C3", label=f"timed live: {timed:.1f} us")
+        axes[0].legend(fontsize=7)
+    plt.show()
+    at_max = vs_max[vs_max["max_seq_len"] == max_seq_len]
+    at_live = vs_live[vs_live["live"] == live]
+    if len(at_max):
+        r = at_max.iloc[0]
+        print(f"recorded: {int(r['live'])} live tokens, max context {max_seq_len}: {r['graph_us']:.1f} us "
+              f"(floor {r['floor_us']:.1f} us)")
+    if len(at_live):
+        r = at_live.iloc[0]
+        print(f"recorded: {live} live tokens, max context {int(r['max_seq_len'])}: {r['graph_us']:.1f} us "
+              f"(logits {r['logits_us']:.1f}, top-k {r['topk_us']:.1f}; floor {r['floor_us']:.1f} us)")
+    if not len(at_max) and not len(at_live):
+        print(f"no recorded step at {live} live tokens or max context {max_seq_len}")
+    if live > max_seq_len:
+        print(f"{live} live tokens do not fit a max context of {max_seq_len}: the rows hold {max_seq_len}")
+    if timed is not None:
+        print(f"timed live on this GPU: B=32, {min(live, max_seq_len)} live, max context {max_seq_len}: {timed:.1f} us")
+    print(f"run now ({mode()}): B={chk['B']}, H={chk['H']}, rows of {', '.join(str(n) for n in chk['lens'])} live tokens, "
+          f"max context {chk['max_seq_len']}, top-{chk['k']}: read {chk['read']} of {chk['max_positions']} positions, "
+          f"{chk['padded']} outputs padded with -1; exact {chk['exact']}, recall {chk['recall']:.3f}, logits error "
+          f"{chk['logits_err']:.1e} -> {'ok' if chk['ok'] else 'FAILS'}")
+    return chk
+
+
+def explore_indexer_step(rows: pd.DataFrame):
+    """Live length x max context for the indexer step over the live context: the recorded step
+    (experiments/indexer_topk) against both, and the step run now at a small shape in the interpreter
+    and checked exact against the contract and the float64 reference (indexer_step_view)."""
+    lives = sorted(int(v) for v in rows[rows["kind"] == "step_vs_live"]["live"].unique())
+    maxes = sorted(int(v) for v in rows[(rows["kind"] == "step_vs_max") & (rows["impl"] == "triton")]["max_seq_len"].unique())
+    first_live = 8192 if 8192 in lives else lives[len(lives) // 2]
+
+    def show(live, max_seq_len, live_timing):
+        indexer_step_view(rows, live, max_seq_len, live_timing)
+    return w.interactive(show, live=_slider(lives, first_live, "live tokens"),
+                         max_seq_len=_slider(maxes, maxes[-1], "max context"), live_timing=_live_box())

@@ -27,8 +27,7 @@ MD_TABLE = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*\|", re.M)
 # Notebooks committed before the rule that a widget is followed by a static figure or table: their
 # widget cell is followed by markdown (01: nothing at all). Remove a name once its notebook is fixed
 # (strict xfail: the test then fails as XPASS until the name goes).
-WIDGET_WITHOUT_STATIC = {"04_indexer_bf16_gemm.ipynb",
-                         "05_triton_indexer.ipynb"}
+WIDGET_WITHOUT_STATIC: set = set()
 
 
 def _read(name):

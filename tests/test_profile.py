@@ -134,3 +134,22 @@ def test_recorded_gpu_kernels_are_classified():
         other = sum(k["us"] for k in ks if k["category"] == P.OTHER)
         assert other / total < 0.05, (stage, [k["name"] for k in ks if k["category"] == P.OTHER][:10])
         assert not P.region_mismatches(ks), stage
+
+
+def test_op_breakdown_of_the_indexer_fallback(capfd):
+    # one eager call inside a dsv4:: region, time charged to aten ops: the story's five among them,
+    # the bmm counted with the glue only where it is the fp32 GEMM; nothing written to stderr
+    import torch
+
+    from dsv4lab.kernels import indexer_gemm
+    from dsv4lab.testing import make_indexer_inputs
+    inp = make_indexer_inputs(2, 16, 1024, seq_lens=64, seed=1)
+    capfd.readouterr()
+    ops = {}
+    for name, dt in (("torch_fp32", torch.float32), ("torch_bf16", torch.bfloat16)):
+        br = P.op_breakdown(lambda: indexer_gemm.logits_torch(*inp.args(), 1024, dt), f"dsv4::indexer[{name}]")
+        assert sum(o["share"] for o in br.ops) == pytest.approx(1.0) and br.total_us > 0
+        ops[name] = {o["op"] for o in br.ops}
+    assert {"aten::copy_", "aten::mul", "aten::clamp_min", "aten::sum", "aten::bmm"} <= ops["torch_fp32"]
+    assert "aten::bmm" not in ops["torch_bf16"]
+    assert "profiler_start" not in capfd.readouterr().err

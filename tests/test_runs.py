@@ -165,3 +165,52 @@ def test_experiment_errors_list_what_exists():
         runs.experiment("program_clocks", "../../data/runs/h200/decode")
     with pytest.raises(KeyError, match="no list 'rows'"):
         runs.experiment_table("program_clocks", "trace_decode")
+
+
+REPLAY = Path(__file__).resolve().parent.parent / "data" / "runs" / "h200" / "reproduce" / "reproduce.json"
+
+
+@pytest.mark.skipif(not REPLAY.exists(), reason="no recorded replay committed (python -m dsv4lab reproduce)")
+def test_replay_readers():
+    d = runs.replay()
+    assert set(d["tables"]) >= {"throughput", "profile", "glue_ops"}
+    glue = runs.replay_table("glue_ops")
+    assert {"stage", "op", "us", "share"} <= set(glue.columns)
+    g = runs.replay_glue("S0")
+    assert g["C"] == d["profile_batch"] and g["total_us"] > 0 and len(g["ops"])
+    assert g["ops"].share.sum() == pytest.approx(1.0, abs=0.05)      # the top ops of the glue + FP32 GEMM set
+    assert any(r.startswith("dsv4::indexer[") for r in g["region_us"])
+    with pytest.raises(KeyError, match="no table 'nope'"):
+        runs.replay_table("nope")
+    with pytest.raises(KeyError, match="no eager step of stage 'S9'"):
+        runs.replay_glue("S9")
+
+
+def test_optional_prints_one_line_for_what_is_missing(capsys):
+    assert runs.optional(runs.replay, "no-such-run") is None
+    assert runs.optional(runs.table, "device") is None                # a KeyError: the part has no rows
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and all(line.startswith("not recorded here: ") for line in out)
+    assert "no recorded replay" in out[0] and "no rows" in out[1]
+    assert runs.optional(runs.table, "decode") is not None             # present: the reader's result
+
+
+def test_latest_experiment_picks_the_newest_date(monkeypatch, tmp_path):
+    folder = tmp_path / "experiments" / "q"
+    folder.mkdir(parents=True)
+    (tmp_path / "data").mkdir()
+    for name, date in (("h200_run1", "2026-01-03T00:00:00+00:00"), ("h200_run2", "2026-01-02T00:00:00+00:00"),
+                       ("h200_run10", "2026-01-05T00:00:00+00:00"), ("cpu", "2026-01-09T00:00:00+00:00")):
+        (folder / f"{name}.json").write_text(json.dumps({"date": date}))
+    monkeypatch.setattr(runs, "_DATA", [tmp_path / "data"])
+    assert runs.latest_experiment("q", "h200_run") == "h200_run10"
+    assert runs.latest_experiment("q") == "cpu"
+    with pytest.raises(FileNotFoundError, match=r"no data file named gpu\*"):
+        runs.latest_experiment("q", "gpu")
+
+
+def test_story_glue_ops():
+    ops = runs.story_glue_ops()
+    assert list(ops)[:2] == ["aten::copy_", "aten::mul"] and all(op.startswith("aten::") for op in ops)
+    text = runs.campaign("story_facts").set_index("figure").value["glue breakdown (op share of glue)"]
+    assert all(f"{v:g}%" in text for v in ops.values())
