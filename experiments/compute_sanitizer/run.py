@@ -88,16 +88,22 @@ def sanitize(tool: str, timeout_s: float) -> dict:
     except subprocess.TimeoutExpired as e:
         text, rc = ((e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace"), None)
     seconds = time.time() - t
+    return {"tool": tool, "seconds": round(seconds, 1), "returncode": rc, **parse(text), "tail": text[-3000:]}
+
+
+def parse(text: str) -> dict:
+    """What the tool's output says: the targets that finished, the error count of its summary line
+    (memcheck: "ERROR SUMMARY: N errors"; racecheck: "RACECHECK SUMMARY: N hazards displayed (E errors,
+    W warnings)"), the kernels its reports name, and the status."""
     finished = re.findall(r"TARGET (\S+) finished=(True|False)", text)
-    summary = re.search(r"ERROR SUMMARY: (\d+) error", text)
-    kernels = sorted(set(re.findall(r"in (\w+)\s*\n\s+by thread", text)) | set(re.findall(r"kernel (\w+)", text)))
-    res = {"tool": tool, "seconds": round(seconds, 1), "returncode": rc,
-           "targets_finished": {n: f == "True" for n, f in finished},
-           "errors": int(summary.group(1)) if summary else None, "kernels_named": kernels[:40],
-           "tail": text[-3000:]}
+    summary = (re.search(r"ERROR SUMMARY: (\d+) error", text)
+               or re.search(r"RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?", text))
+    kernels = sorted(set(re.findall(r"(?:access|Access) at (\w+)\+0x", text)) | set(re.findall(r"in (\w+)\s*\n\s+by thread", text)))
+    res = {"targets_finished": {n: f == "True" for n, f in finished},
+           "errors": int(summary.group(1)) if summary else None, "kernels_named": kernels[:40]}
     if summary is None or not finished:
         res["status"] = "refused"
-        res["reason"] = "no ERROR SUMMARY from the tool" if finished else "the targets never ran under the tool"
+        res["reason"] = "no summary line from the tool" if finished else "the targets never ran under the tool"
     else:
         res["status"] = "clean" if res["errors"] == 0 else "errors"
     return res
