@@ -672,19 +672,21 @@ STORY_SETUP = ("The story: 8x RTX PRO 6000 Blackwell (sm_120, 188 SMs, GDDR7 ~1.
                "device, random weights, no collectives, the MoE stand-in (dsv4lab.model.ASSUMPTIONS).")
 
 
-def throughput_lines(ax, results: dict, names):
-    """tok/s vs C per stage (markers: measured; lines: C / (a + b C) from the fit)."""
+def throughput_lines(ax, results: dict, names, colors: dict | None = None):
+    """tok/s vs C per stage (markers: measured; lines: C / (a + b C) from the fit); ``colors``:
+    stage -> matplotlib color (default: the cycle, in the order of ``names``)."""
     for i, n in enumerate(names):
+        color = (colors or {}).get(n, f"C{i % 10}")
         st = results["stages"].get(n, {})
         pts = [(r["C"], r["tok_s"]) for r in st.get("steps", []) if "tok_s" in r]
         if not pts:
             continue
         C, t = zip(*pts)
-        ax.plot(C, t, "o", color=f"C{i % 10}", label=n)
+        ax.plot(C, t, "o", color=color, label=n)
         f = st.get("fit")
         if f:
             xs = [1 + k * (max(C) - 1) / 60 for k in range(61)]
-            ax.plot(xs, [x / ((f["a_ms"] + f["b_ms"] * x) / 1e3) for x in xs], "-", color=f"C{i % 10}", alpha=0.6)
+            ax.plot(xs, [x / ((f["a_ms"] + f["b_ms"] * x) / 1e3) for x in xs], "-", color=color, alpha=0.6)
     ax.set_xlabel("concurrency C (batch = C)")
     ax.set_ylabel("tokens / s (one GPU's step)")
     ax.grid(True, alpha=0.3)

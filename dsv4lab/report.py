@@ -344,10 +344,13 @@ def _hopper_check() -> str:
     return f"hopper vs the float64 reference: out error <= {max(errs):.1e} ({len(errs)} checks)" if errs else "-"
 
 
-def story_vs_lab_markdown(run: str = "h200") -> str:
-    """:func:`story_vs_lab_table` as a markdown table (the README's block)."""
+STORY_VS_LAB_COLUMNS = ("figure", "story", "lab", "why they differ", "beyond the story")
+
+
+def story_vs_lab_markdown(run: str = "h200", columns=STORY_VS_LAB_COLUMNS) -> str:
+    """:func:`story_vs_lab_table`'s ``columns`` as a markdown table (the README's block)."""
     df = story_vs_lab_table(run)
-    cols = ["figure", "story", "lab", "why they differ", "beyond the story"]
+    cols = list(columns)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for _, r in df.iterrows():
         lines.append("| " + " | ".join(str(r[c]).replace("|", "\\|") for c in cols) + " |")
