@@ -3,15 +3,17 @@
 Importing this package first decides the mode (CUDA GPU or Triton's CPU
 interpreter) and sets TRITON_INTERPRET before anything imports triton.
 """
-from .device import configure as _configure
+from .device import exit_on_mode_error as _configure
 
 _configure()
 
 from . import cache, config, device, reference  # noqa: E402
 from .api import impls, indexer_logits, indexer_topk, sparse_decode  # noqa: E402
 from .config import DSV4_FLASH, shapes  # noqa: E402
+from .errors import check_errors  # noqa: E402
 from .merged_decode import flash_mla_sparse_decode  # noqa: E402
 
 __all__ = ["cache", "config", "device", "reference", "impls", "sparse_decode",
-           "indexer_logits", "indexer_topk", "flash_mla_sparse_decode", "DSV4_FLASH", "shapes"]
+           "indexer_logits", "indexer_topk", "flash_mla_sparse_decode", "check_errors", "DSV4_FLASH",
+           "shapes"]
 __version__ = "0.1.0"

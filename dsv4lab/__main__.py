@@ -5,7 +5,36 @@ import argparse
 import json
 import sys
 
-import dsv4lab  # noqa: F401  (sets the mode before triton is imported)
+import dsv4lab  # noqa: F401  (sets the mode before triton is imported; a bad DSV4LAB_MODE exits 2 there)
+from dsv4lab.device import ModeError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line (the usage is one --help away)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: {message} (see --help)\n")
+
+
+def _count(lo: int):
+    """argparse type: an int >= lo."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an int >= {lo}, got {text!r}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be an int >= {lo}, got {v}")
+        return v
+    return parse
+
+
+def _impl(name: str) -> str:
+    """argparse type: a sparse_decode impl name."""
+    names = dsv4lab.impls()
+    if name not in names:
+        raise argparse.ArgumentTypeError(f"must be one of {names}, got {name!r}")
+    return name
 
 
 def _info(args):
@@ -43,21 +72,21 @@ def _readme(args):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m dsv4lab")
+    p = _Parser(prog="python -m dsv4lab")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("info", help="mode, device, versions and ceilings").set_defaults(fn=_info)
     pb = sub.add_parser("bench", help="time kernels (GPU)")
     bsub = pb.add_subparsers(dest="what", required=True)
     pd_ = bsub.add_parser("decode", help="sparse decode: time vs B, bytes, FLOP/s")
-    pd_.add_argument("--impl", nargs="+", default=["simt", "sglang", "mma", "splitk", "auto"],
+    pd_.add_argument("--impl", nargs="+", default=["simt", "sglang", "mma", "splitk", "auto"], type=_impl,
                      help="first one is the baseline for speedups")
-    pd_.add_argument("--batch", nargs="+", type=int, default=[1, 4, 16, 32, 64, 128])
-    pd_.add_argument("--heads", type=int, default=64)
-    pd_.add_argument("--topk", type=int, default=512)
-    pd_.add_argument("--context", type=int, default=8192)
-    pd_.add_argument("--page-size", type=int, default=64)
+    pd_.add_argument("--batch", nargs="+", type=_count(1), default=[1, 4, 16, 32, 64, 128])
+    pd_.add_argument("--heads", type=_count(1), default=64)
+    pd_.add_argument("--topk", type=_count(1), default=512)
+    pd_.add_argument("--context", type=_count(1), default=8192)
+    pd_.add_argument("--page-size", type=_count(1), default=64)
     pd_.add_argument("--no-graph", action="store_true", help="eager launches only")
-    pd_.add_argument("--layers", type=int, default=None,
+    pd_.add_argument("--layers", type=_count(0), default=None,
                      help="also time each call inside one graph of this many calls on copies of the inputs, "
                           "as a captured decode step runs its layers (graph_layer_us; default bench.LAYERS = 8); "
                           "0: skip")
@@ -82,7 +111,12 @@ def main(argv=None):
     prm.add_argument("--check", action="store_true", help="exit 1 if a table differs from the data")
     prm.set_defaults(fn=_readme)
     args = p.parse_args(argv)
-    args.fn(args)
+    try:
+        args.fn(args)
+    except (ValueError, TypeError, OSError, KeyError, ModeError) as e:   # bad input or setup: one line, not a traceback
+        print(f"dsv4lab {args.cmd}: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ Indexer K cache (DeepGEMM fused layout), 132 bytes per token, pages of 64::
 """
 from __future__ import annotations
 
+import functools
 import numbers
 from dataclasses import dataclass
 
@@ -68,7 +69,7 @@ def _check_tokens(name, x, width):
                          f"{name}[{_first_bad(bad)}] = {float(x[bad.nonzero()[0][0], bad.nonzero()[0][1]])!r}")
 
 
-def _int(name, v, lo=None) -> int:
+def int_arg(name, v, lo=None) -> int:
     """An int argument: Python, numpy and 0-d torch integers are accepted, bools and floats are not."""
     if isinstance(v, torch.Tensor) and v.dim() == 0 and not v.is_floating_point() and v.dtype != torch.bool:
         v = int(v)
@@ -82,7 +83,7 @@ def _int(name, v, lo=None) -> int:
 
 
 def _check_page_size(page_size) -> int:
-    return _int("page_size", page_size, 1)
+    return int_arg("page_size", page_size, 1)
 
 
 def _check_token_ids(token_ids, num_tokens, name="token_ids"):
@@ -111,7 +112,7 @@ class KVCache:
         if b.dtype != torch.uint8 or b.dim() != 2:
             raise ValueError(f"KVCache.buffer must be a 2-D uint8 tensor [num_pages, page_bytes], got "
                              f"{b.dtype} {list(b.shape)}")
-        ps = _int("KVCache.page_size", self.page_size, 1)
+        ps = int_arg("KVCache.page_size", self.page_size, 1)
         object.__setattr__(self, "page_size", ps)
         if b.shape[0] < 1 or b.shape[1] < ps * TOKEN_BYTES:
             raise ValueError(f"KVCache.buffer must hold >= 1 page of >= page_size x {TOKEN_BYTES} = "
@@ -121,7 +122,7 @@ class KVCache:
                              f"strides ({b.shape[1]}, 1), got {tuple(b.stride())}")
         if b.shape[1] % 64 and b.shape[0] > 1:
             raise ValueError(f"KVCache page_bytes must be a multiple of 64 (the kernels' vector loads), got {b.shape[1]}")
-        n = _int("KVCache.num_tokens", self.num_tokens, 0)
+        n = int_arg("KVCache.num_tokens", self.num_tokens, 0)
         object.__setattr__(self, "num_tokens", n)
         if n > b.shape[0] * ps:
             raise ValueError(f"KVCache.num_tokens ({n}) must be <= num_pages x page_size "
@@ -145,6 +146,13 @@ class KVCache:
     @property
     def device(self) -> torch.device:
         return self.buffer.device
+
+    @functools.cached_property
+    def byte_views(self) -> tuple:
+        """(float8_e4m3fn, uint8, bfloat16) flat views of the buffer: the decode kernels' three pointers
+        (fp8 nope values, UE8M0 scale bytes, bf16 rope), made once per cache."""
+        raw = self.buffer.reshape(-1)
+        return raw.view(torch.float8_e4m3fn), raw, raw.view(torch.bfloat16)
 
     def to(self, device) -> "KVCache":
         return KVCache(self.buffer.to(device), self.page_size, self.num_tokens)
@@ -268,7 +276,7 @@ class IndexKCache:
         kv = self.kv
         if not isinstance(kv, torch.Tensor):
             raise TypeError(f"IndexKCache.kv must be a torch.Tensor, got {type(kv).__name__}")
-        ps = _int("IndexKCache.page_size", self.page_size, 1)
+        ps = int_arg("IndexKCache.page_size", self.page_size, 1)
         if ps != INDEX_PAGE:
             raise ValueError(f"IndexKCache.page_size must be {INDEX_PAGE} (DeepGEMM's layout), got {ps}")
         object.__setattr__(self, "page_size", ps)
@@ -279,7 +287,7 @@ class IndexKCache:
         if not kv.is_contiguous():
             raise ValueError(f"IndexKCache.kv must be contiguous (pages of {ps * INDEX_TOKEN_BYTES} bytes), "
                              f"got strides {tuple(kv.stride())}")
-        n = _int("IndexKCache.num_tokens", self.num_tokens, 0)
+        n = int_arg("IndexKCache.num_tokens", self.num_tokens, 0)
         object.__setattr__(self, "num_tokens", n)
         if n > kv.shape[0] * ps:
             raise ValueError(f"IndexKCache.num_tokens ({n}) must be <= num_pages x {ps} ({kv.shape[0] * ps})")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from . import api, bench, reference
+from . import api, bench, errors, reference
 from .cache import scale_view
 from .kernels import head_batched
 from .testing import (LSE_TOL, OUT_TOL, VS_SIMT_TOL, check_decode, make_decode_inputs, poisoned, rel_err)
@@ -48,18 +48,21 @@ def against_reference(impls=DECODE_IMPLS, cases=CHECK_CASES, log=print) -> list[
 
 
 def scale_byte_past_limit(log=print) -> list[dict]:
-    """A UE8M0 scale byte past the "bits" dequant's limit where the eager range check does not run:
-    the rows that read it come out NaN, never a wrong finite number (with "cvt": the right answer)."""
+    """A UE8M0 scale byte past the "bits" dequant's limit in the default checks="device" mode (no host
+    check of the bytes): the rows that read it come out NaN, flagged in the error word, never a wrong
+    finite number (with "cvt": the right answer)."""
     inp = make_decode_inputs(136, 64, 512, context=1024, seed=9)       # 64-head tiles
     tok = int(inp.indices[0, 0])
     ps = inp.cache.page_size
     scale_view(inp.cache)[tok // ps, tok % ps, 3] = 140
     bits = head_batched.max_scale_byte(head_batched.mma_launch(136, 64, 512)) is not None
+    errors.read()
     with poisoned():
-        out, _ = api.sparse_decode(inp.q, inp.cache, inp.indices, impl="mma", check_ranges=False)
+        out, _ = api.sparse_decode(inp.q, inp.cache, inp.indices, impl="mma")
+    flagged = bool(errors.read() & errors.Flag.NONFINITE)
     rest_ok = bool(torch.isfinite(out[1:].float()).all())
     if bits:
-        ok = bool(torch.isnan(out[0].float()).all()) and rest_ok
+        ok = bool(torch.isnan(out[0].float()).all()) and rest_ok and flagged
     else:
         ro, _ = reference.sparse_decode(inp.q[:1], inp.cache, inp.indices[:1])
         ok = rel_err(out[:1].float(), ro) <= OUT_TOL and rest_ok
@@ -74,8 +77,7 @@ def determinism(impls=DECODE_IMPLS, reruns=20, log=print) -> list[dict]:
     rows = []
     inp = make_decode_inputs(8, 64, 512, context=2048, topk_len=True, sink=True, seed=7)
     for impl in impls:
-        fn = lambda: api.sparse_decode(inp.q, inp.cache, inp.indices, impl=impl, check_ranges=False,  # noqa: E731
-                                       **inp.kwargs())
+        fn = lambda: api.sparse_decode(inp.q, inp.cache, inp.indices, impl=impl, **inp.kwargs())  # noqa: E731
         try:
             first = fn()
             same_runs = all(torch.equal(first[0], o) and torch.equal(first[1], l)

@@ -26,7 +26,8 @@ from triton.compiler import ASTSource
 # Runtime launches specialize pointers and ints divisible by 16; AOT must say so, or the
 # report describes a kernel that never runs (unvectorized loads, different registers).
 _PTR = {"Q": "*bf16", "KV_FP8": "*fp8e4nv", "KV_U8": "*u8", "KV_BF16": "*bf16", "IDX": "*i32",
-        "TOPK_LEN": "*i32", "SINK": "*fp32", "O": "*bf16", "LSE": "*fp32"}
+        "TOPK_LEN": "*i32", "SINK": "*fp32", "O": "*bf16", "LSE": "*fp32",
+        "ERR": "*i32"}
 _DIV16 = {"stride_qb", "stride_qh", "stride_ib", "stride_ob", "stride_oh", "K",
           "split_len", "stride_os", "stride_fb", "stride_fh", "stride_pb", "stride_ph", "stride_ps"}
 

@@ -48,6 +48,9 @@ class DSV4Shapes:
     hc_sinkhorn_iters: int = 20
 
     def __post_init__(self):
+        for name, v in vars(self).items():
+            if isinstance(v, int) and not isinstance(v, bool) and v < 1 and name != "mtp_layers":
+                raise ValueError(f"DSV4Shapes.{name} must be a positive int, got {v}")
         if self.nope_dim + self.rope_dim != self.head_dim:
             raise ValueError("nope_dim + rope_dim must equal head_dim")
         if self.nope_dim % self.quant_tile:
@@ -91,4 +94,6 @@ def shapes(mode: str | None = None) -> DSV4Shapes:
     if mode is None:
         from .device import mode as _mode
         mode = _mode()
+    if mode not in ("cuda", "interpret", "compile"):
+        raise ValueError(f"mode must be 'cuda', 'interpret' or 'compile' (dsv4lab.device.mode()), got {mode!r}")
     return DSV4_FLASH if mode == "cuda" else CPU_PRESET

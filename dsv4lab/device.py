@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from .errors import OneLine
+
 #: Interpreter traps seen with triton 3.6-3.9 and what the lab does about each.
 INTERPRETER_TRAPS = {
     "bf16 tl.dot": "numpy multiplies the raw uint16 bits -> garbage; kernels take a "
@@ -31,8 +33,29 @@ INTERPRETER_TRAPS = {
 _MODE: str | None = None
 
 
-class ModeError(RuntimeError):
-    pass
+class ModeError(OneLine, RuntimeError):
+    """The mode cannot be decided (a bad DSV4LAB_MODE, or triton imported too early): one line."""
+
+
+def started_as_cli() -> bool:
+    """This process is the lab's command line: ``python -m dsv4lab[.module] ...`` or the ``dsv4lab``
+    script (there, a setup error is one line on stderr and exit status 2, not a traceback)."""
+    argv = getattr(sys, "orig_argv", sys.argv)
+    if "-m" in argv[:-1]:
+        return argv[argv.index("-m") + 1].split(".")[0] == "dsv4lab"
+    return os.path.basename(sys.argv[0]) == "dsv4lab"
+
+
+def exit_on_mode_error():
+    """configure(), with a ModeError turned into one line on stderr and exit status 2 when this
+    process is the lab's command line (``import dsv4lab`` calls it)."""
+    try:
+        configure()
+    except ModeError as e:
+        if not started_as_cli():
+            raise
+        sys.stderr.write(f"dsv4lab: {e}\n")
+        raise SystemExit(2) from None
 
 
 def configure() -> str:
@@ -77,6 +100,19 @@ def mode() -> str:
 
 def is_interpret() -> bool:
     return mode() == "interpret"
+
+
+def gpu_unavailable_reason() -> str | None:
+    """None in cuda mode; else one line saying why nothing runs on a GPU here and what the lab does
+    instead (for notebooks: print it in place of a live timing)."""
+    m = mode()
+    if m == "cuda":
+        return None
+    if m == "compile":
+        return ("DSV4LAB_MODE=compile: kernels are compiled for a GPU this machine lacks, never run; "
+                "timings are the recorded ones in data/runs/")
+    return ("no CUDA GPU in this process: the kernels run in Triton's CPU interpreter on small shapes; live "
+            "timings are skipped and the recorded H200 timings (data/runs/h200/) are shown instead")
 
 
 def torch_device() -> torch.device:

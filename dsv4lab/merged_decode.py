@@ -69,7 +69,7 @@ def _indices(name, x, B):
 
 def flash_mla_sparse_decode(q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_scale,
                             extra_k_cache=None, extra_indices=None, extra_topk_length=None, *,
-                            impl: str = "reference", check_ranges: bool = True):
+                            impl: str = "reference", checks: str | None = None, check_ranges: bool | None = None):
     """SGLang's ``flash_mla_sparse_decode_triton`` with the lab's kernels.
 
     q [B, 1, H, 512] (SGLang's layout; [B, H, 512] is accepted too); ``k_cache`` /
@@ -79,7 +79,9 @@ def flash_mla_sparse_decode(q, k_cache, indices, topk_length, attn_sink, head_di
     ``head_dim_v`` must be 512; ``softmax_scale`` None means 512 ** -0.5. Returns SGLang's layout:
     out bf16 [B, 1, H, 512], lse float32 [B, H, 1] (for a 3-D q: [B, H, 512] and [B, H]); a row
     with no valid token in either cache gives out 0 and lse -inf (the sink's value with a sink).
-    B = 0 gives empty outputs (SGLang's own function cannot take an empty batch).
+    B = 0 gives empty outputs (SGLang's own function cannot take an empty batch). ``checks`` as in
+    :func:`dsv4lab.sparse_decode` ("device", the default: no host sync; "sync": the data checked
+    on the host, naming the offending value; ``check_ranges`` its older spelling).
     The lab's impls merge and apply the sink in float32 and round once; ``impl="sglang"``
     rounds as SGLang does (after each cache, the merge and the sink).
     """
@@ -90,6 +92,7 @@ def flash_mla_sparse_decode(q, k_cache, indices, topk_length, attn_sink, head_di
         raise ValueError("extra_k_cache and extra_indices go together: pass both or neither")
     if extra_k_cache is None and extra_topk_length is not None:
         raise ValueError("extra_topk_length needs extra_k_cache and extra_indices")
+    mode = api.checks_mode(checks, check_ranges)
     entry = api.impl_info("sparse_decode", impl)
     fn = entry.fn
     B = q3.shape[0]
@@ -98,10 +101,10 @@ def flash_mla_sparse_decode(q, k_cache, indices, topk_length, attn_sink, head_di
         parts.append((as_kv_cache(extra_k_cache, "extra_k_cache"), _indices("extra_indices", extra_indices, B),
                       extra_topk_length, _EXTRA_NAMES))
     for cache, idx, tlen, names in parts:
-        api.check_sparse_decode_args(q3, cache, idx, tlen, softmax_scale, None, check_ranges,
+        api.check_sparse_decode_args(q3, cache, idx, tlen, softmax_scale, None, mode,
                                      entry.max_scale_byte, names=names, empty_batch_ok=True)
     if attn_sink is not None:
-        api.check_sink(attn_sink, q3, check_ranges)
+        api.check_sink(attn_sink, q3, mode)
     scale = HEAD_DIM ** -0.5 if softmax_scale is None else float(softmax_scale)
     H = q3.shape[1]
     if B == 0:

@@ -25,7 +25,7 @@ One decoder layer, in SGLang's order (``B`` requests, one new token each)::
                  (stand-in, see ASSUMPTIONS), shared expert; mHC post
 
 ``Model(cfg).step(inputs, stage)`` runs embedding, every layer and the head; it is CUDA-graph
-safe (no host sync, shapes fixed per batch size; the lab's ops run with ``check_ranges=False``
+safe (no host sync, shapes fixed per batch size; the lab's ops run with ``checks="device"``
 on inputs built valid by construction) and is captured as one graph per batch size, as SGLang
 captures its decode.
 """
@@ -770,7 +770,7 @@ class Model:
         with record_function(f"dsv4::decode[{stage.decode_impl},c{c.ratio}]"):
             o, _ = flash_mla_sparse_decode(inp.q_pad, c.window, inp.window_idx, inp.window_len, lw.attn_sink,
                                            HEAD_DIM, cfg.head_dim ** -0.5, **extra, impl=stage.decode_impl,
-                                           check_ranges=False)
+                                           checks="device")
         with record_function("dsv4::attn_proj"):
             o = G["rope"](o[:, :cfg.local_heads], cos, sin, inverse=True)
             o = torch.einsum("bgd,grd->bgr", o.reshape(B, cfg.local_groups, -1), lw.wo_a)

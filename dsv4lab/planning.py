@@ -15,6 +15,7 @@ may look at data. Three pieces:
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import triton
@@ -64,7 +65,21 @@ class TileConfig:
 #: out on paper for the story's RTX PRO 6000 (188 SMs, ~99 KB shared memory per block) and NOT
 #: measured: BLOCK_H 64 x BLOCK_N 16 with one stage needs ~82 KB on sm_90. us_per_tile and
 #: fixed_us (model_us) are fitted to the B = 1 rows of the NSPLIT sweep.
-TILE_TABLE = {
+class _Table(dict):
+    """The tile table: a dict that counts its changes, so launches decided from it can be kept per
+    shape (:func:`per_shape`) and still follow a sweep that replaces an entry (record.py does)."""
+    version = 0
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        self.version += 1
+
+    def __delitem__(self, key):
+        super().__delitem__(key)
+        self.version += 1
+
+
+TILE_TABLE = _Table({
     ("9.0", "mma"): TileConfig(64, 128, 8, 1, "H200 tile sweep (fastest at B=128); the l2_hint loop took B=128 "
                                "62.1 -> 58.6 us, bits + fold 58.6 -> 57.5 us; costs from the NSPLIT sweep",
                                loop="l2_hint", us_per_tile=9.76, fixed_us=9.66, merge_us=0.83,
@@ -77,7 +92,7 @@ TILE_TABLE = {
     ("interpret", "split"): TileConfig(16, 16, 4, 1, "interpreter: small tiles keep numpy fast"),
     ("default", "mma"): TileConfig(64, 32, 8, 2, "fallback for other GPUs: not measured"),
     ("default", "split"): TileConfig(64, 16, 8, 2, "fallback for other GPUs: not measured"),
-}
+})
 
 #: The story's stage-2 launch as it published it: a head-batched grid (B, H / BLOCK_H) with two
 #: programs per request for 64 heads, plain tl.dot loop, none of the lab's later refinements.
@@ -233,3 +248,15 @@ def launch_for(tiles: TileConfig, nsplit: int = 1, programs: int | None = None) 
 
 def launch_of_plan(plan: Plan) -> Launch:
     return launch_for(plan.cfg, plan.nsplit, plan.programs)
+
+
+def per_shape(fn):
+    """``fn(B, H, K) -> Launch`` decided once per shape and tile-table version, not on every call: the
+    model (plans) is pure Python over every candidate and costs more host time than the launch itself."""
+    cached = functools.lru_cache(maxsize=1024)(lambda B, H, K, version: fn(B, H, K))
+
+    @functools.wraps(fn)
+    def launch(B: int, H: int, K: int):
+        return cached(B, H, K, TILE_TABLE.version)
+    launch.cache_clear = cached.cache_clear
+    return launch

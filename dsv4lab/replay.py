@@ -400,7 +400,7 @@ def isolated_decode(model: Model, impls=ISOLATED_IMPLS, batches=(1, PROFILE_BATC
                 row = dict(impl=impl, B=B, call=kind)
                 try:
                     fn = lambda: api.sparse_decode(q, cache, idx, topk_len=tlen, impl=impl,  # noqa: E731
-                                                   check_ranges=False)
+                                                   checks="device")
                     row["graph_us"] = bench.time_ms(fn, graph=True) * 1e3
                 except Exception as e:
                     row["error"] = f"{type(e).__name__}: {str(e)[:300]}"

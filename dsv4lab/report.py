@@ -64,9 +64,76 @@ def indexer_table(run: str = "h200") -> str:
     return "\n".join(lines)
 
 
+def _replay(run: str = "h200") -> dict:
+    import json
+    path = runs.data_dir() / "runs" / run / "reproduce" / "reproduce.json"
+    return json.loads(path.read_text())
+
+
+def replay_run_line(run: str = "h200") -> str:
+    """What the recorded replay ran: date, device, versions, the model's share and layer mix."""
+    d = _replay(run)
+    env, cfg = d["environment"], d["config"]
+    return (f"Run {env['date'][:16]}Z on one {env['device']['name']} (torch {env['torch']}, triton {env['triton']}): "
+            f"{cfg['name']}, {cfg['layers_window']} window-only + {cfg['layers_c4']} ratio-4 + {cfg['layers_c128']} "
+            f"ratio-128 layers, {cfg['live_context']} live tokens a request, max context {cfg['max_context']}; "
+            f"each step one CUDA graph per C, {d['elapsed_s']:.0f} s in all.")
+
+
+def replay_throughput_table(run: str = "h200") -> str:
+    """tok/s per stage at each C, the fit's marginal cost b and asymptote 1000 / b."""
+    d = _replay(run)["tables"]
+    import pandas as pd
+    tp = pd.DataFrame(d["throughput"])
+    fits = {f["stage"]: f for f in d["fits"]}
+    t = tp.pivot_table(index="stage", columns="C", values="tok_s", sort=False)
+    cs = list(t.columns)
+    lines = ["| stage | " + " | ".join(f"tok/s C={c}" for c in cs) + " | marginal ms per request | asymptote tok/s |",
+             "|---|" + "---|" * (len(cs) + 2)]
+    for stage, r in t.iterrows():
+        f = fits.get(stage, {})
+        lines.append(f"| {stage} | " + " | ".join(_fmt(r[c]) for c in cs)
+                     + f" | {_fmt(f.get('b_ms'), 2)} | {_fmt(f.get('asymptote_tok_s'), 0)} |")
+    return "\n".join(lines)
+
+
+def replay_shift_table(run: str = "h200", before: str = "S0", after: str = "S1") -> str:
+    """The story's table, measured: kernel time by category before and after the MMA kernel at C = 32,
+    beside the story's published shares."""
+    d = _replay(run)["tables"]
+    rows = next(t["rows"] for t in d["transitions"] if t["before"] == before and t["after"] == after)
+    story = runs.campaign("story_profile").set_index("kernel")
+    key = {"sparse-MLA decode": "sparse-MLA decode", "FP32 SIMT GEMM": "FP32 SIMT GEMM",
+           "elementwise/copy/reduce glue": "elementwise/copy/reduce glue", "MoE GEMM": "FP4 MoE GEMM",
+           "total kernel time": "total GPU kernel time"}
+
+    def story_of(cat):
+        for k, v in key.items():
+            if cat.startswith(k):
+                hit = [i for i in story.index if i.startswith(v)]
+                if hit:
+                    r = story.loc[hit[0]]
+                    return f"{r.before_share_pct:g}% -> {r.after_share_pct:g}%"
+        return ""
+    lines = [f"| kernel category | {before} ms | {before} % | {after} ms | {after} % | speedup | the story (% of kernel time) |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        cat = r["kernel category"]
+        lines.append(f"| {cat} | {_fmt(r[f'{before} ms'])} | {_fmt(r[f'{before} %'])} | {_fmt(r[f'{after} ms'])} | "
+                     f"{_fmt(r[f'{after} %'])} | {_fmt(r['speedup'], 2)}x | {story_of(cat)} |")
+    return "\n".join(lines)
+
+
+def bad_input_table() -> str:
+    from . import contracts
+    return contracts.render()
+
+
 SECTIONS = {"decode-run": lambda: run_line("decode"), "decode-table": decode_table,
             "indexer-run": lambda: run_line("indexer"), "indexer-table": indexer_table,
-            "story-vs-lab": lambda: story_vs_lab_markdown()}
+            "story-vs-lab": lambda: story_vs_lab_markdown(),
+            "replay-run": replay_run_line, "replay-throughput": replay_throughput_table,
+            "replay-shift": replay_shift_table, "bad-input": bad_input_table}
 
 
 def render(name: str) -> str:

@@ -17,7 +17,23 @@ from pathlib import Path
 
 import pandas as pd
 
+from .errors import OneLine
+
 _DATA = [Path(__file__).resolve().parent.parent / "data"]
+
+
+class MissingData(OneLine, FileNotFoundError):
+    """A recorded file the caller needs is missing, unreadable or stale; the message says which file
+    and how to get it (notebooks show the one line instead of a traceback)."""
+
+
+def _how_to_get(run: str, part: str) -> str:
+    from .record import PARTS
+    cmd = (f"record it on a GPU with `python -m dsv4lab record --out data/runs/{run}"
+           + (f" --only {part}`" if part in PARTS else "`"))
+    if part not in PARTS and part != "device":
+        cmd = "it is not written by `python -m dsv4lab record`"
+    return f"restore the repository's copy (`git checkout -- data/runs/{run}/{part}.json`) or {cmd}"
 
 
 def use_data_dir(path):
@@ -29,7 +45,7 @@ def data_dir() -> Path:
     """The lab's data folder: ``data/`` next to the package, or the one :func:`use_data_dir` set."""
     path = _DATA[0]
     if not path.is_dir():
-        raise FileNotFoundError(
+        raise MissingData(
             f"dsv4lab's data folder {path} does not exist. The recorded runs ship with the repo "
             f"checkout, not with the package: install the lab editable from a clone "
             f"(pip install -e .) or call dsv4lab.runs.use_data_dir() with a copy of its data/ folder.")
@@ -43,16 +59,34 @@ def available() -> list[str]:
 
 
 def load(part: str, run: str = "h200") -> dict:
-    """One recorded part ("device", "checks", "decode", "tiles", "split") as the JSON dict."""
+    """One recorded part ("device", "checks", "decode", "tiles", "split", "indexer") as the JSON dict.
+    A missing or unreadable file raises :class:`MissingData` naming it and how to get it."""
     folder = data_dir() / "runs" / run
     if not folder.is_dir():
-        raise FileNotFoundError(f"no recorded run {run!r} in {folder.parent}; available: {available()}")
+        raise MissingData(f"no recorded run {run!r}: {folder} does not exist; available: {available()} "
+                          f"(or record one on a GPU: `python -m dsv4lab record --out data/runs/{run}`)")
     path = folder / f"{part}.json"
     if not path.exists():
         parts = sorted(p.stem for p in folder.glob("*.json"))
-        raise FileNotFoundError(f"run {run!r} has no part {part!r}; it has {parts}")
-    with open(path) as f:
-        return json.load(f)
+        raise MissingData(f"run {run!r} has no part {part!r}: {path} does not exist (it has {parts}); "
+                          + _how_to_get(run, part))
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise MissingData(f"{path} cannot be read ({type(e).__name__}: {e}); {_how_to_get(run, part)}") from None
+
+
+def require(part: str, columns, run: str = "h200") -> pd.DataFrame:
+    """:func:`table` of ``part`` with ``columns`` present, else :class:`MissingData` saying the file is
+    stale (recorded by an older lab) and how to re-record it: what a notebook calls before plotting."""
+    df = table(part, run)
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        path = data_dir() / "runs" / run / f"{part}.json"
+        raise MissingData(f"{path} is stale: it has no column {', '.join(map(repr, missing))} (recorded by an "
+                          f"older version of the lab); {_how_to_get(run, part)}")
+    return df
 
 
 def _frame(rows) -> pd.DataFrame:

@@ -59,6 +59,17 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float(num / den)
 
 
+def strided_view(x: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    """The values of ``x`` in a view with stride 2 along ``dim`` (every other element of a tensor twice
+    as long): what a caller holding a slice of a bigger buffer passes. Kernels must read its strides."""
+    shape = list(x.shape)
+    shape[dim] *= 2
+    big = torch.zeros(shape, dtype=x.dtype, device=x.device)
+    view = big[(slice(None),) * dim + (slice(0, None, 2),)]
+    view.copy_(x)
+    return view
+
+
 @contextlib.contextmanager
 def poisoned():
     """Kernel outputs come pre-filled with NaN inside this block (see kernels.common.alloc)."""

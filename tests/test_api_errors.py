@@ -1,12 +1,17 @@
-"""Bad input gets a clear error naming the argument and what was expected."""
+"""The two check modes, the error word, and the checks the contracts table (test_contracts.py) does
+not walk: every impl, both modes."""
 import math
 
 import pytest
 import torch
 
 import dsv4lab
-from dsv4lab.cache import pack_index_k
-from dsv4lab.testing import make_decode_inputs
+from dsv4lab import api, errors
+from dsv4lab.cache import pack_index_k, scale_view
+from dsv4lab.errors import DeviceInputError, Flag
+from dsv4lab.testing import OUT_TOL, make_decode_inputs, rel_err
+
+DECODE_IMPLS = ["simt", "mma_story", "mma", "splitk", "auto", "sglang", "reference"]
 
 
 @pytest.fixture
@@ -14,41 +19,84 @@ def inp():
     return make_decode_inputs(2, 4, 8, context=16, seed=3)
 
 
-def call(inp, impl="mma", **over):
-    kw = dict(q=inp.q, cache=inp.cache, indices=inp.indices, topk_len=None, attn_sink=None)
-    kw.update(over)
-    return dsv4lab.sparse_decode(kw.pop("q"), kw.pop("cache"), kw.pop("indices"), impl=impl, **kw)
-
-
-@pytest.mark.parametrize("over,exc,msg", [
-    (lambda i: dict(q=i.q[..., :500]), ValueError, r"q must have shape \[B, H, 512\]"),
-    (lambda i: dict(q=i.q[0]), ValueError, "q must be 3-D"),
-    (lambda i: dict(q=i.q.to(torch.float64)), TypeError, "q must have dtype"),
-    (lambda i: dict(q=i.q.tolist()), TypeError, "q must be a torch.Tensor"),
-    (lambda i: dict(cache=i.cache.buffer), TypeError, "cache must be a dsv4lab.cache.KVCache"),
-    (lambda i: dict(indices=i.indices.long()), TypeError, "indices must have dtype"),
-    (lambda i: dict(indices=i.indices[:1]), ValueError, r"indices must have shape \[2, \*\]"),
-    (lambda i: dict(indices=i.indices[:, :0]), ValueError, "at least one column"),
-    (lambda i: dict(indices=i.indices + 100), ValueError, r"indices must be < cache.num_tokens \(32\)"),
-    (lambda i: dict(topk_len=torch.tensor([9, 1], dtype=torch.int32, device=i.q.device)), ValueError, r"topk_len must lie in \[0, K=8\]"),
-    (lambda i: dict(topk_len=torch.tensor([-1, 1], dtype=torch.int32, device=i.q.device)), ValueError, "topk_len must lie in"),
-    (lambda i: dict(topk_len=torch.tensor([1, 1], device=i.q.device)), TypeError, "topk_len must have dtype"),
-    (lambda i: dict(topk_len=torch.tensor([1], dtype=torch.int32, device=i.q.device)), ValueError, r"topk_len must have shape \[2\]"),
-    (lambda i: dict(attn_sink=torch.zeros(3, device=i.q.device)), ValueError, r"attn_sink must have shape \[4\]"),
-    (lambda i: dict(sm_scale=-1.0), ValueError, "sm_scale must be a positive float"),
-])
-def test_bad_decode_args(inp, over, exc, msg):
-    with pytest.raises(exc, match=msg):
-        call(inp, **over(inp))
-
-
-def test_unknown_impl_lists_choices(inp):
-    with pytest.raises(ValueError, match=r"impl must be one of \[.*'mma'.*\], got 'fast'"):
-        call(inp, impl="fast")
+@pytest.fixture(autouse=True)
+def _clean_word():
+    errors.read()
+    yield
+    errors.read()
 
 
 def test_impls_lists_all_stages():
     assert {"reference", "simt", "sglang", "mma", "splitk", "auto"} <= set(dsv4lab.impls())
+
+
+def test_modes_and_the_older_spelling():
+    assert api.checks_mode() == "device" and api.checks_mode("sync") == "sync"
+    assert api.checks_mode(check_ranges=True) == "sync" and api.checks_mode(check_ranges=False) == "device"
+    assert api.checks_mode("sync", True) == "sync"
+    with pytest.raises(TypeError, match="check_ranges must be True or False"):
+        api.checks_mode(check_ranges="yes")
+
+
+@pytest.mark.parametrize("impl", DECODE_IMPLS)
+def test_index_past_the_cache_every_impl(inp, impl):
+    """sync: refused, naming the entry; device: read as padding (the reference's answer with -1 there), flagged."""
+    bad = inp.indices.clone()
+    bad[1, 3] = inp.cache.num_tokens + 5
+    with pytest.raises(ValueError, match=r"indices\[1, 3\] = 37"):
+        dsv4lab.sparse_decode(inp.q, inp.cache, bad, impl=impl, checks="sync")
+    out, lse = dsv4lab.sparse_decode(inp.q, inp.cache, bad, impl=impl)
+    want = bad.clone()
+    want[1, 3] = -1
+    ro, rl = dsv4lab.reference.sparse_decode(inp.q, inp.cache, want)
+    assert rel_err(out.float(), ro) <= OUT_TOL and rel_err(lse, rl) <= 1e-3
+    with pytest.raises(DeviceInputError, match="an index >= cache.num_tokens") as e:
+        dsv4lab.check_errors()
+    assert e.value.flags == Flag.INDEX
+    dsv4lab.check_errors()                                     # cleared: a second check is clean
+
+
+@pytest.mark.parametrize("impl", DECODE_IMPLS)
+def test_topk_len_and_sink_every_impl(inp, impl):
+    tl_ = torch.tensor([-2, 12], dtype=torch.int32)
+    out, lse = dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, topk_len=tl_, impl=impl)
+    ro, rl = dsv4lab.reference.sparse_decode(inp.q, inp.cache, inp.indices, torch.tensor([0, 8], dtype=torch.int32))
+    assert rel_err(out.float(), ro) <= OUT_TOL and rel_err(lse, rl) <= 1e-3
+    assert errors.read() == Flag.TOPK_LEN
+    sink = torch.tensor([0.0, math.nan, 1.0, -math.inf])
+    out, lse = dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, attn_sink=sink, impl=impl)
+    assert torch.isnan(out[:, 1].float()).all() and torch.isfinite(out[:, [0, 2, 3]].float()).all()
+    assert errors.read() & Flag.SINK
+
+
+@pytest.mark.parametrize("impl", DECODE_IMPLS)
+def test_scale_byte_past_134_refused_by_sync_checks(inp, impl):
+    """Bytes the packers never write are refused for every impl when checks run, naming the byte."""
+    tok = int(inp.indices[0, 2])
+    ps = inp.cache.page_size
+    scale_view(inp.cache)[tok // ps, tok % ps, 3] = 135
+    with pytest.raises(ValueError, match=rf"token {tok} \(indices\[0, 2\]\) has 135 in nope group 3"):
+        dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl=impl, checks="sync")
+    dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl=impl)          # device mode: not looked at
+
+
+def test_entries_past_topk_len_are_never_read_nor_checked(inp):
+    bad = inp.indices.clone()
+    bad[:, 4:] = 10**6
+    tl_ = torch.tensor([4, 3], dtype=torch.int32)
+    a = dsv4lab.sparse_decode(inp.q, inp.cache, bad, topk_len=tl_, impl="mma", checks="sync")
+    b = dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, topk_len=tl_, impl="mma")
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    dsv4lab.check_errors()
+
+
+def test_merged_decode_flags_a_sink_without_sync():
+    from dsv4lab.testing import make_merged_decode_inputs
+    inp = make_merged_decode_inputs(2, 4, 16, window_context=40)
+    args = list(inp.sglang_args())
+    args[4] = torch.full((4,), math.nan)                         # attn_sink
+    dsv4lab.flash_mla_sparse_decode(*args, impl="mma", check_ranges=False)
+    assert errors.read() & Flag.SINK
 
 
 def _indexer(dev):
@@ -69,84 +117,31 @@ def test_indexer_reference_entry_points(dev):
     assert (top[1, :10] >= 0).all() and (top[1, 10:] == -1).all()
 
 
-@pytest.mark.parametrize("over,exc,msg", [
-    (lambda d: dict(q=torch.randn(2, 4, 64, device=d)), ValueError, r"q must have shape \[B, H_i, 128\]"),
-    (lambda d: dict(weights=torch.randn(2, 3, device=d)), ValueError, r"weights must have shape \[2, 4\]"),
-    (lambda d: dict(seq_lens=torch.tensor([70, 10], device=d)), TypeError, "seq_lens must have dtype"),
-    (lambda d: dict(seq_lens=torch.tensor([129, 10], dtype=torch.int32, device=d)), ValueError, r"seq_lens must lie in \[0, max_seq_len=128\]"),
-    (lambda d: dict(page_table=torch.tensor([[1, -1], [0, -1]], dtype=torch.int32, device=d)), ValueError, r"page_table\[0, 1\] = -1 is a live page"),
-    (lambda d: dict(page_table=torch.tensor([[1, 5], [0, -1]], dtype=torch.int32, device=d)), ValueError, r"must lie in \[0, 2\)"),
-    (lambda d: dict(max_seq_len=200), ValueError, "page_table must have at least ceil"),
-    (lambda d: dict(index_cache="x"), TypeError, "index_cache must be a dsv4lab.cache.IndexKCache"),
-])
-def test_bad_indexer_args(over, exc, msg, dev):
+@pytest.mark.parametrize("impl", ["torch_fp32", "torch_bf16", "triton", "reference"])
+def test_indexer_bad_live_page_every_impl(impl, dev):
+    """A live page id outside the cache: sync names it; device mode ends the request before it, flagged."""
     q, ic, w, seq, pt = _indexer(dev)
-    kw = dict(q=q, index_cache=ic, weights=w, seq_lens=seq, page_table=pt, max_seq_len=128)
-    kw.update(over(dev))
-    with pytest.raises(exc, match=msg):
-        dsv4lab.indexer_logits(kw.pop("q"), kw.pop("index_cache"), kw.pop("weights"), kw.pop("seq_lens"),
-                               kw.pop("page_table"), **kw)
+    pt[0, 1] = 99
+    with pytest.raises(ValueError, match=r"page_table\[0, 1\] = 99 is a live page"):
+        dsv4lab.indexer_logits(q.bfloat16(), ic, w, seq, pt, max_seq_len=128, impl=impl, checks="sync")
+    got = dsv4lab.indexer_logits(q.bfloat16(), ic, w, seq, pt, max_seq_len=128, impl=impl)
+    assert torch.isfinite(got[0, :64]).all() and torch.isneginf(got[0, 64:]).all()
+    assert errors.read() == Flag.PAGE
 
 
-def test_indexer_topk_bad_k(dev):
-    q, ic, w, seq, pt = _indexer(dev)
-    with pytest.raises(ValueError, match="topk must be a positive int"):
-        dsv4lab.indexer_topk(q, ic, w, seq, pt, max_seq_len=128, topk=0)
-
-
-def test_wrong_device_is_named(inp):
-    other = torch.device("meta")
-    with pytest.raises(ValueError, match=r"indices must be on .* \(the cache's device\)"):
-        call(inp, indices=inp.indices.to(other))
-
-
-def test_check_ranges_off_skips_only_the_range_checks(inp):
-    # check_ranges=False (eager timing without a host sync) still checks shapes and dtypes
-    kw = dict(impl="reference", check_ranges=False)
-    with pytest.raises((ValueError, TypeError), match="indices"):
-        dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices[:, :, None], **kw)
-    with pytest.raises(ValueError, match=r"indices must be < cache.num_tokens"):
-        dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices + 100, impl="reference")
-    out, lse = dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, **kw)
-    assert out.shape == inp.q.shape and torch.isfinite(lse).all()
-    # the range check is really skipped: a topk_len past K is not an error then (the kernels clamp it)
-    long = torch.full((inp.q.shape[0],), inp.indices.shape[1] + 1, dtype=torch.int32)
-    with pytest.raises(ValueError, match="topk_len must lie in"):
-        dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, topk_len=long, impl="reference")
-    dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, topk_len=long, **kw)
-
-
-def test_sink_must_be_finite(inp):
-    sink = torch.zeros(inp.q.shape[1])
-    sink[1] = -math.inf
-    with pytest.raises(ValueError, match="attn_sink must be finite"):
-        dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, attn_sink=sink, impl="reference")
-
-
-def test_scale_byte_limit_names_the_byte(inp, monkeypatch):
-    """The "bits" dequant (GPU) needs scale bytes <= 134; an eager call over a token with a larger
-    one is refused with the byte, not answered wrongly. Forced here: the interpreter uses "cvt"."""
-    import dataclasses
-    from dsv4lab.api import _IMPLS
-    from dsv4lab.kernels.common import MAX_SCALE_BYTE
-    for impl in ("mma", "splitk", "auto"):      # what a "bits" launch reports on the GPU
-        table = _IMPLS["sparse_decode"]
-        monkeypatch.setitem(table, impl, dataclasses.replace(table[impl], max_scale_byte=lambda B, H, K: MAX_SCALE_BYTE))
-    dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl="mma")            # in range: runs
-    tok = int(inp.indices[inp.indices >= 0][0])
-    ps = inp.cache.page_size
-    inp.cache.buffer[tok // ps, ps * 576 + (tok % ps) * 8 + 3] = 135
-    for impl in ("mma", "splitk", "auto"):
-        with pytest.raises(ValueError, match="scale bytes of the indexed tokens must be <= 134.*got 135"):
-            dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl=impl)
-    dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl="simt")            # no such limit
-    dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl="mma", check_ranges=False)
+def test_check_errors_names_every_kind_and_device(inp):
+    errors.set_flag(inp.q.device, Flag.INDEX | Flag.PAGE, torch.tensor(True))
+    with pytest.raises(DeviceInputError) as e:
+        dsv4lab.check_errors()
+    msg = str(e.value)
+    assert "an index >= cache.num_tokens" in msg and "a live page id" in msg and "checks='sync'" in msg
+    assert str(inp.q.device) in msg and e.value.flags == Flag.INDEX | Flag.PAGE
 
 
 def test_scale_byte_limit_follows_the_launch(monkeypatch):
-    """The limit belongs to the launch a shape gets: "bits" has it, "cvt" has none; a tile entry's
-    "bits" applies to whole rows, split slices take "cvt". The interpreter never takes "bits" (no
-    inline assembly), so the GPU's answer is forced here."""
+    """The NaN past byte 134 belongs to the launch a shape gets: "bits" has it, "cvt" has none; a tile
+    entry's "bits" applies to whole rows, split slices take "cvt". The interpreter never takes "bits"
+    (no inline assembly), so the GPU's answer is forced here."""
     from dsv4lab import planning
     from dsv4lab.kernels import head_batched as hb
     from dsv4lab.kernels.common import MAX_SCALE_BYTE
@@ -158,3 +153,14 @@ def test_scale_byte_limit_follows_the_launch(monkeypatch):
     assert hb.max_scale_byte(planning.launch_for(bits)) == MAX_SCALE_BYTE
     assert hb.max_scale_byte(planning.launch_for(cvt)) is None
     assert hb.max_scale_byte(planning.launch_for(bits, nsplit=2)) is None
+
+
+def test_launches_are_planned_once_per_shape_and_follow_the_table(monkeypatch):
+    from dsv4lab import planning
+    from dsv4lab.kernels import split_k
+    a = split_k.auto_launch(32, 64, 512)
+    assert split_k.auto_launch(32, 64, 512) is a                             # cached
+    key = (planning.device_key(), "split")
+    monkeypatch.setitem(planning.TILE_TABLE, key, planning.TileConfig(16, 32, 4, 1, "test"))
+    b = split_k.auto_launch(32, 64, 512)                                      # the table changed: planned again
+    assert b is not a and (b.nsplit == 1 or b.tiles.block_n == 32)

@@ -33,6 +33,8 @@ RUNNABLE = {
     "stall_reasons/stall_profile.py": ["mma", "128", "16,16,4,1,l2_hint"],
     "tile_sweep/tile_sweep.py": [],
     "sglang_patch/run.py": ["--cpu-smoke"],
+    "eager_host_path/run.py": [],
+    "compute_sanitizer/run.py": [],
 }
 #: run in a process of its own: it compiles (DSV4LAB_MODE=compile) instead of interpreting
 COMPILE_MODE = "compiler_resource_report/resources.py"

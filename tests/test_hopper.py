@@ -112,7 +112,7 @@ def test_empty_rows_on_the_gpu(dev, runs_at_all):
 @pytest.mark.parametrize("B", [1, 8, 136])              # split + merge, split, whole rows in two waves
 def test_bitwise_over_reruns_and_graph_replay(B, runs_at_all):
     inp = make_decode_inputs(B, 64, 512, context=1024, topk_len=True, sink=True, seed=7)
-    fn = lambda: dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl="hopper", check_ranges=False,  # noqa: E731
+    fn = lambda: dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl="hopper", checks="device",  # noqa: E731
                                        **inp.kwargs())
     first = fn()
     for _ in range(19):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import dsv4lab
-from dsv4lab import reference
+from dsv4lab import errors, reference
 from dsv4lab.kernels import indexer
 from dsv4lab.kernels.indexer import LogitsLaunch
 from dsv4lab.kernels.topk import TopkLaunch, topk_triton
@@ -220,7 +220,11 @@ def test_seq_len_past_max_is_clamped_by_the_kernels_and_refused_by_the_api():
     with poisoned():
         assert torch.equal(TOPK(*inp.args(), max_seq_len=128, topk=16), want)
     with pytest.raises(ValueError, match="seq_lens must lie in"):
-        dsv4lab.indexer_topk(*inp.args(), max_seq_len=128, topk=16, impl="triton")
+        dsv4lab.indexer_topk(*inp.args(), max_seq_len=128, topk=16, impl="triton", checks="sync")
+    errors.read()
+    with poisoned():                                                   # device mode: clamped and flagged
+        assert torch.equal(dsv4lab.indexer_topk(*inp.args(), max_seq_len=128, topk=16, impl="triton"), want)
+    assert errors.read() & errors.Flag.SEQ_LEN
 
 
 @pytest.mark.parametrize("launch", [LogitsLaunch(dot="fp16"), LogitsLaunch(prefetch=2, dot="fp16"),

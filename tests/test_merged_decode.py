@@ -15,6 +15,8 @@ import pytest
 import torch
 
 import dsv4lab
+from dsv4lab import errors
+from dsv4lab.errors import Flag
 from dsv4lab.cache import TOKEN_BYTES, KVCache, pack_kv
 from dsv4lab.kernels import sglang_peer
 from dsv4lab.testing import (COMPRESSED_PAGE, LSE_TOL, OUT_TOL, VS_SIMT_TOL, WINDOW_PAGE, make_merged_decode_inputs,
@@ -201,5 +203,19 @@ def test_bad_arguments_raise_clear_errors(name, dev):
     change, exc, match = bad[name]
     kw = {**good, **change}
     impl = kw.pop("impl", "auto")
+    checks = "sync" if name in DATA_CHECKS else "device"
     with pytest.raises(exc, match=match):
-        dsv4lab.flash_mla_sparse_decode(*kw.values(), impl=impl)
+        dsv4lab.flash_mla_sparse_decode(*kw.values(), impl=impl, checks=checks)
+
+
+#: bad values only the data shows: named by checks="sync", flagged in the error word by "device"
+DATA_CHECKS = {"extra_indices-range": Flag.INDEX, "extra_topk_length-range": Flag.TOPK_LEN, "sink-nan": Flag.SINK}
+
+
+@pytest.mark.parametrize("name", list(DATA_CHECKS))
+def test_bad_data_is_flagged_without_a_host_check(name, dev):
+    good, bad = _bad_args(dev)
+    kw = {**good, **bad[name][0]}
+    errors.read(dev)
+    dsv4lab.flash_mla_sparse_decode(*kw.values(), impl="auto")
+    assert errors.read(dev) & DATA_CHECKS[name]

@@ -269,7 +269,7 @@ def test_step_attention_equals_reference(model, stage, monkeypatch):
     assert logits.shape == (2, CPU_MODEL.local_vocab) and torch.isfinite(logits).all()
     assert len(calls) == CPU_MODEL.num_layers
     for ratio, call in zip(model.ratios, calls):
-        assert call["kw"] == dict(impl=stage.decode_impl, check_ranges=False)
+        assert call["kw"] == dict(impl=stage.decode_impl, checks="device")
         ref, _ = reference.flash_mla_sparse_decode(call["q"], call["cache"], call["indices"], call["topk_length"],
                                                    call["sink"], call["scale"], call["extra"], call["extra_indices"],
                                                    call["extra_len"])

@@ -143,8 +143,10 @@ def test_patched_decode_reads_no_device_data_on_the_host(mod):
     inp.window.topk_len[:] = torch.tensor([0, 5], dtype=torch.int32)
     inp.window.indices[:, 5:] = inp.window.cache.num_tokens + 1000
     q, k_cache, indices, topk_length = inp.sglang_args()[:4]
+    bad = indices.clone()
+    bad[1, 0, 4] = inp.window.cache.num_tokens + 1000       # inside row 1's length: the lab's sync check names it
     with pytest.raises(ValueError, match="indices must be < cache.num_tokens"):
-        dsv4lab.sparse_decode(q[:, 0], inp.window.cache, indices[:, 0], topk_len=topk_length, impl="auto")
+        dsv4lab.sparse_decode(q[:, 0], inp.window.cache, bad[:, 0], topk_len=topk_length, impl="auto", checks="sync")
     out0, lse0 = _sglang(mod, inp.sglang_args())
     with integration.patched():
         out, lse = mod._run_triton_sparse_decode(q, k_cache, indices, topk_length, 512 ** -0.5)

@@ -18,7 +18,7 @@ each step), so replacing the module attribute reaches every caller, whenever it 
 
 Contracts kept: shapes, dtypes, natural-log LSE, -inf LSE and 0 output on a row with no valid
 token, -inf logits past a request's length, and no host sync: the replacements read no device
-data on the host (``check_ranges=False``), so they run eagerly and under CUDA-graph capture alike.
+data on the host (``checks="device"``), so they run eagerly and under CUDA-graph capture alike.
 Arguments the lab's kernels do not take (another cache layout, int64 indices, more than 128
 indexer heads, ...) go to SGLang's original function; the first such call of each function is
 logged (logger ``dsv4lab.integrations.sglang``), and :func:`calls` counts both routes.
@@ -81,7 +81,7 @@ def lab_sparse_decode(q, k_cache, indices, topk_length, softmax_scale):
     (out bf16 [B, 1, H, 512], lse float32 [B, 1, H]): natural-log LSE, -inf and out 0 on a row
     with no valid token. B = 0 gives empty outputs (SGLang's own function cannot take it).
     Raises :class:`NotSupported` for anything else. Reads no device data on the host
-    (``check_ranges=False``): no sync, so CUDA-graph capture works, and SGLang's own function does
+    (``checks="device"``): no sync, so CUDA-graph capture works, and SGLang's own function does
     not check ranges either; out-of-range indices are not caught, and where the launch dequantizes
     with integer ops (a tile entry's "bits") a UE8M0 scale byte above 134 gives NaN in the outputs
     that read it (an fp8 group with |x| > 2^7 * 448), never a wrong number.
@@ -114,7 +114,7 @@ def lab_sparse_decode(q, k_cache, indices, topk_length, softmax_scale):
     if flat.shape[1] == 0:
         raise NotSupported("indices have no column (K = 0)")
     out, lse = api.sparse_decode(q[:, 0], cache, flat, topk_len=topk_length, sm_scale=float(softmax_scale),
-                                 impl="auto", check_ranges=False)
+                                 impl="auto", checks="device")
     return out.unsqueeze(1), lse.unsqueeze(1)
 
 

@@ -14,8 +14,42 @@ import triton.language as tl
 
 from ..cache import DATA_BYTES, HEAD_DIM, NOPE_DIM, SCALE_BYTES
 from ..device import info, is_interpret
+from ..errors import Flag
 
 LOG2E = 1.4426950408889634
+
+#: the error word's bits (dsv4lab.errors.Flag), as kernels read them
+INDEX_FLAG = tl.constexpr(int(Flag.INDEX))
+TOPK_LEN_FLAG = tl.constexpr(int(Flag.TOPK_LEN))
+SINK_FLAG = tl.constexpr(int(Flag.SINK))
+NONFINITE_FLAG = tl.constexpr(int(Flag.NONFINITE))
+SEQ_LEN_FLAG = tl.constexpr(int(Flag.SEQ_LEN))
+PAGE_FLAG = tl.constexpr(int(Flag.PAGE))
+
+
+@triton.jit
+def in_cache(tok, num_tokens):
+    """tok is a token of the cache: 0 <= tok < num_tokens, in one unsigned compare (a negative
+    index, the padding, wraps to >= 2^31). Entries that fail it are padding: never read."""
+    return tok.to(tl.uint32) < num_tokens
+
+
+@triton.jit
+def row_length(TOPK_LEN, b, K, HAS_TOPK_LEN: tl.constexpr):
+    """(entries of row b to read, error bits): topk_len[b] clamped to [0, K] (TOPK_LEN_FLAG if it lay
+    outside), or K without a topk_len."""
+    n = K
+    flags = tl.full([], 0, tl.int32)
+    if HAS_TOPK_LEN:
+        raw = tl.load(TOPK_LEN + b)
+        n = tl.minimum(tl.maximum(raw, 0), K)
+        flags = tl.where(raw.to(tl.uint32) > K, TOPK_LEN_FLAG, 0)
+    return n, flags
+
+
+def token_limit(cache) -> int:
+    """num_tokens as the kernels compare it (indices are int32: anything past 2^31 - 1 is moot)."""
+    return min(cache.num_tokens, 2**31 - 1)
 
 
 @triton.jit
@@ -77,9 +111,10 @@ def prefetch_kv_l2_bulk(kv_u8, tok, valid, PAGE_SIZE: tl.constexpr, PAGE_BYTES: 
 #: 5 integer/bf16x2 instructions per pair of values instead of 6 of which 2 are conversions.
 #: Needs e <= MAX_SCALE_BYTE (2^(e-7) must be a finite bf16): scale <= 2^7, amax <= 57344. A larger
 #: byte gets a NaN factor (E4M3_BAD_SCALE), so the values it scales, and every output that reads
-#: them, come out NaN: a visible failure where the range check cannot run (CUDA graphs,
-#: check_ranges=False), never a wrong finite number. e4m3 NaN bytes (0x7f/0xff) come out finite
-#: (not a value a quantizer writes).
+#: them, come out NaN (and the kernel flags a non-finite output in the error word): a visible
+#: failure where the host check of checks="sync" does not run, never a wrong finite number. The
+#: packers never write such a byte (cache.MAX_PACKED_SCALE_BYTE). e4m3 NaN bytes (0x7f/0xff, never
+#: written by a packer either) come out finite here: 480 x the scale.
 E4M3_SEL = (0x1404, 0x3424)           # prmt selectors: [x1 0 x0 0], [x3 0 x2 0]
 E4M3_BODY, E4M3_SIGN, E4M3_SHIFT = 0x7F007F00, 0x80008000, 4
 MAX_SCALE_BYTE = 254 - 120
@@ -154,8 +189,7 @@ def gather_kv_tile(kv_fp8, kv_u8, kv_bf16, tok, valid, PAGE_SIZE: tl.constexpr, 
 
 def cache_views(cache):
     """(fp8, uint8, bf16) flat views of the cache bytes, the kernel's three pointers."""
-    raw = cache.buffer.reshape(-1)
-    return raw.view(torch.float8_e4m3fn), raw, raw.view(torch.bfloat16)
+    return cache.byte_views
 
 
 def dot_dtype():

@@ -25,10 +25,12 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import errors
 from ..api import register
-from ..planning import STORY_TILES, Launch, choose_tiles, launch_for
-from .common import (LOG2E, MAX_SCALE_BYTE, alloc, cache_views, dequant_kv, dot_dtype, finish, gather_kv_tile,
-                     load_kv_raw, out_dtype, prefetch_kv_l2_bulk)
+from ..planning import STORY_TILES, Launch, choose_tiles, launch_for, per_shape
+from .common import (INDEX_FLAG, LOG2E, MAX_SCALE_BYTE, NONFINITE_FLAG, SINK_FLAG, alloc, cache_views, dequant_kv,
+                     dot_dtype, finish, gather_kv_tile, in_cache, load_kv_raw, out_dtype, prefetch_kv_l2_bulk,
+                     row_length, token_limit)
 
 
 @triton.jit
@@ -73,25 +75,32 @@ def _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, FOLD_SCALE: tl.constexpr
 
 
 @triton.jit
-def _finish_rows(m_i, l_i, acc, SINK, heads, hmask, HAS_SINK: tl.constexpr):
-    """(out, lse) of a block of rows from the running max (log2 units), sum and accumulator; a row
-    with no valid token gives out 0 and lse -inf (or the sink). The sink adds exp(sink[h]) to the
-    softmax denominator: lse' = logaddexp(lse, sink), out' = out * exp(lse - lse')."""
+def _finish_rows(m_i, l_i, acc, SINK, heads, hmask, HAS_SINK: tl.constexpr, CHECK_OUT: tl.constexpr = True):
+    """(out, lse, error bits) of a block of rows from the running max (log2 units), sum and
+    accumulator; a row with no valid token gives out 0 and lse -inf (or the sink). The sink adds
+    exp(sink[h]) to the softmax denominator: lse' = logaddexp(lse, sink), out' = out * exp(lse - lse').
+    Bits: SINK_FLAG for a non-finite sink, NONFINITE_FLAG (CHECK_OUT) for a non-finite output."""
     has = l_i > 0.0
     lse = tl.where(has, (m_i + tl.math.log2(tl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
     out = acc / tl.where(has, l_i, 1.0)[:, None]
+    flags = tl.full([], 0, tl.int32)
     if HAS_SINK:
         sink = tl.load(SINK + heads, mask=hmask, other=0.0).to(tl.float32)
         new_lse = tl.maximum(lse, sink) + tl.log(1.0 + tl.exp(-tl.abs(lse - sink)))
         new_lse = tl.where(has, new_lse, sink)
         out = out * tl.exp(lse - new_lse)[:, None]
         lse = new_lse
-    return out, lse
+        flags |= tl.where(tl.min((tl.abs(sink) < float("inf")).to(tl.int32), axis=0) == 1, 0, SINK_FLAG)
+    if CHECK_OUT:
+        # one reduction after the loop: a NaN or inf anywhere in a row makes its sum non-finite
+        row = tl.where(hmask, tl.sum(out, axis=1), 0.0)
+        flags |= tl.where(tl.min((tl.abs(row) < float("inf")).to(tl.int32), axis=0) == 1, 0, NONFINITE_FLAG)
+    return out, lse, flags
 
 
 @triton.jit
-def _story_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
-                  qk_scale, K, H, stride_qb, stride_qh, stride_ib, stride_ob, stride_oh,
+def _story_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE, ERR,
+                  qk_scale, K, H, num_tokens, stride_qb, stride_qh, stride_ib, stride_ob, stride_oh,
                   PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr, HAS_TOPK_LEN: tl.constexpr,
                   HAS_SINK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
                   D: tl.constexpr, NOPE: tl.constexpr, DOT: tl.constexpr):
@@ -101,23 +110,25 @@ def _story_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
     col = tl.arange(0, D)
     q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + col[None, :],
                 mask=hmask[:, None], other=0.0).to(DOT)
-    n_valid = K
-    if HAS_TOPK_LEN:
-        n_valid = tl.minimum(tl.load(TOPK_LEN + b), K)
+    n_valid, flags = row_length(TOPK_LEN, b, K, HAS_TOPK_LEN)
     m_i = tl.full([BLOCK_H], -1e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, D], dtype=tl.float32)
     t = tl.arange(0, BLOCK_N)
+    top = tl.full([BLOCK_N], -1, dtype=tl.int32)      # the largest index seen (flagged past the cache)
     for start in range(0, n_valid, BLOCK_N):
         pos = start + t
         tok = tl.load(IDX + b * stride_ib + pos, mask=pos < n_valid, other=-1)
-        valid = (pos < n_valid) & (tok >= 0)
+        top = tl.maximum(top, tok)
+        valid = (pos < n_valid) & in_cache(tok, num_tokens)
         kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, DOT)
         m_i, l_i, acc = _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale)
-    out, lse = _finish_rows(m_i, l_i, acc, SINK, heads, hmask, HAS_SINK)
+    out, lse, fin = _finish_rows(m_i, l_i, acc, SINK, heads, hmask, HAS_SINK)
     tl.store(O + b * stride_ob + heads[:, None] * stride_oh + col[None, :], out.to(O.dtype.element_ty),
              mask=hmask[:, None])
     tl.store(LSE + b * H + heads, lse, mask=hmask)
+    flags |= fin | tl.where(tl.max(top, axis=0) >= num_tokens, INDEX_FLAG, 0)
+    tl.atomic_or(ERR, flags, mask=flags != 0)
 
 
 #: TileConfig.loop -> the tuned kernel's LOOP constexpr
@@ -125,8 +136,8 @@ LOOP_CODE = {"plain": 0, "registers": 2, "l2_hint": 5}
 
 
 @triton.jit
-def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
-                         qk_scale, K, H, split_len,
+def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE, ERR,
+                         qk_scale, K, H, split_len, num_tokens,
                          stride_qb, stride_qh, stride_ib, stride_ob, stride_oh, stride_os,
                          PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr,
                          HAS_TOPK_LEN: tl.constexpr, HAS_SINK: tl.constexpr, SPLIT: tl.constexpr,
@@ -145,9 +156,7 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
     col = tl.arange(0, D)
     q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + col[None, :],
                 mask=hmask[:, None], other=0.0).to(DOT)
-    n_valid = K
-    if HAS_TOPK_LEN:
-        n_valid = tl.minimum(tl.load(TOPK_LEN + b), K)
+    n_valid, flags = row_length(TOPK_LEN, b, K, HAS_TOPK_LEN)
     lo = 0
     hi = n_valid
     if SPLIT:
@@ -158,18 +167,24 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
     acc = tl.zeros([BLOCK_H, D], dtype=tl.float32)
     t = tl.arange(0, BLOCK_N)
     row = IDX + b * stride_ib
+    # Bad input costs the loop one max per index, in registers: the largest index a program saw, so an
+    # index past the cache (read as padding by in_cache's compare, which replaces the "< 0" test) is
+    # flagged once, after the loop
+    top = tl.full([BLOCK_N], -1, dtype=tl.int32)
     if LOOP == 2:
         # Software pipeline in registers: the raw bytes of tile i+1 are loaded (not waited
         # on) before tile i is multiplied, its indices one tile earlier still, and tile i+1
         # is dequantized after tile i's P @ V is issued, so the scheduler can interleave
         # the conversions with the matrix instructions. Costs the registers of one raw tile.
         tok = tl.load(row + lo + t, mask=lo + t < hi, other=-1)
-        valid = (lo + t < hi) & (tok >= 0)
+        top = tl.maximum(top, tok)
+        valid = (lo + t < hi) & in_cache(tok, num_tokens)
         x, e, r = load_kv_raw(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D)
         kv = dequant_kv(x, e, r, NOPE, D, DOT, DEQUANT_BITS)
         tok_next = tl.load(row + lo + BLOCK_N + t, mask=lo + BLOCK_N + t < hi, other=-1)
         for start in range(lo, hi, BLOCK_N):
-            valid_next = (start + BLOCK_N + t < hi) & (tok_next >= 0)
+            top = tl.maximum(top, tok_next)
+            valid_next = (start + BLOCK_N + t < hi) & in_cache(tok_next, num_tokens)
             x, e, r = load_kv_raw(KV_FP8, KV_U8, KV_BF16, tok_next, valid_next, PAGE_SIZE, PAGE_BYTES, NOPE, D)
             tok_next = tl.load(row + start + 2 * BLOCK_N + t, mask=start + 2 * BLOCK_N + t < hi, other=-1)
             m_i, l_i, acc = _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, FOLD_SCALE)
@@ -193,28 +208,32 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
         for start in range(lo, hi, BLOCK_N):
             pos = start + t
             tok = tok_next
-            valid = (pos < hi) & (tok >= 0)
+            top = tl.maximum(top, tok)
+            valid = (pos < hi) & in_cache(tok, num_tokens)
             tok_next = tl.load(row + pos + BLOCK_N, mask=pos + BLOCK_N < hi, other=-1)
             kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, DOT, DEQUANT_BITS)
             s = _tile_scores(q, kv, valid, qk_scale, FOLD_SCALE)
             if L2_HINT:
                 if start + BLOCK_N < hi:
-                    prefetch_kv_l2_bulk(KV_U8, tok_next, tok_next >= 0, PAGE_SIZE, PAGE_BYTES)
+                    prefetch_kv_l2_bulk(KV_U8, tok_next, in_cache(tok_next, num_tokens), PAGE_SIZE, PAGE_BYTES)
             m_i, l_i, acc = _tile_update(s, kv, m_i, l_i, acc, qk_scale, FOLD_SCALE)
     else:
         # indices and bytes loaded in the iteration that uses them, as in _story_kernel
         for start in range(lo, hi, BLOCK_N):             # empty when the slice is past topk_len
             pos = start + t
             tok = tl.load(row + pos, mask=pos < hi, other=-1)
-            valid = (pos < hi) & (tok >= 0)
+            top = tl.maximum(top, tok)
+            valid = (pos < hi) & in_cache(tok, num_tokens)
             kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, DOT, DEQUANT_BITS)
             m_i, l_i, acc = _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, FOLD_SCALE)
-    # split slices leave the sink to the merge (split_k.py)
-    out, lse = _finish_rows(m_i, l_i, acc, SINK, heads, hmask, HAS_SINK and not SPLIT)
+    # split slices leave the sink and the check of the output to the merge (split_k.py)
+    out, lse, fin = _finish_rows(m_i, l_i, acc, SINK, heads, hmask, HAS_SINK and not SPLIT, not SPLIT)
     o_ptr = O + b * stride_ob + heads[:, None] * stride_oh + sp * stride_os + col[None, :]
     tl.store(o_ptr, out.to(O.dtype.element_ty), mask=hmask[:, None])
     # LSE is [B, H] (final) or [B, H, NSPLIT] (partials), contiguous
     tl.store(LSE + (b * H + heads) * tl.num_programs(2) + sp, lse, mask=hmask)
+    flags |= fin | tl.where(tl.max(top, axis=0) >= num_tokens, INDEX_FLAG, 0)
+    tl.atomic_or(ERR, flags, mask=flags != 0)
 
 
 def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, opts: Launch, *, split_len=None):
@@ -236,7 +255,7 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, opts: Lau
         q, fp8, u8, bf16, indices,
         topk_len if topk_len is not None else lse,
         attn_sink if attn_sink is not None else lse,
-        out, lse, sm_scale * LOG2E, K, H, split_len,
+        out, lse, errors.word(q.device), sm_scale * LOG2E, K, H, split_len, token_limit(cache),
         q.stride(0), q.stride(1), indices.stride(0), out.stride(0), out.stride(1),
         out.stride(2) if split else 0,
         PAGE_SIZE=cache.page_size, PAGE_BYTES=cache.page_bytes,
@@ -253,6 +272,7 @@ def max_scale_byte(opts: Launch):
     return MAX_SCALE_BYTE if opts.dequant == "bits" else None
 
 
+@per_shape
 def mma_launch(B: int, H: int, K: int) -> Launch:
     """impl "mma": one launch of whole rows with the tiles choose_tiles picks for the shape."""
     return launch_for(choose_tiles(B, H, K))
@@ -282,7 +302,7 @@ def sparse_decode_story(q, cache, indices, *, topk_len, sm_scale, attn_sink, til
         q, fp8, u8, bf16, indices,
         topk_len if topk_len is not None else lse,
         attn_sink if attn_sink is not None else lse,
-        out, lse, sm_scale * LOG2E, indices.shape[1], H,
+        out, lse, errors.word(q.device), sm_scale * LOG2E, indices.shape[1], H, token_limit(cache),
         q.stride(0), q.stride(1), indices.stride(0), out.stride(0), out.stride(1),
         PAGE_SIZE=cache.page_size, PAGE_BYTES=cache.page_bytes,
         HAS_TOPK_LEN=topk_len is not None, HAS_SINK=attn_sink is not None,

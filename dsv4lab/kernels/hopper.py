@@ -333,7 +333,7 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, nsplit: i
 
 @register("sparse_decode", "hopper", stage="beyond",
           description="Gluon, sm_90: producer warp group (gather + dequant) and two wgmma consumer warp groups; "
-                      "NOT yet run on a GPU",
+                      "(its inputs pass the device-side guard first: it does not bound-check indices itself)",
           needs=("gpu", "sm_90"), max_scale_byte=lambda B, H, K: MAX_SCALE_BYTE)
 def sparse_decode_hopper(q, cache, indices, *, topk_len, sm_scale, attn_sink, nsplit: int | None = None):
     """``nsplit``: slices of the top-k row (default nsplit_for's rule), for A/B runs."""
@@ -343,9 +343,13 @@ def sparse_decode_hopper(q, cache, indices, *, topk_len, sm_scale, attn_sink, ns
     if why is not None:
         raise ValueError(f"impl='hopper' needs a CUDA GPU with sm_90 (Hopper) and triton's Gluon: {why}. "
                          f"Use impl='auto' instead")
+    from . import guards
+    from .common import token_limit
     B, H, D = q.shape
     q = q.contiguous()
-    indices = indices.contiguous()
+    # the kernel trusts its indices and topk_len: the guard launch sets an index past the cache to
+    # padding and clamps topk_len (flagging both in the error word), as the other kernels do inline
+    indices, topk_len = guards.sanitize_decode(indices, topk_len, attn_sink, token_limit(cache))
     nsplit = nsplit or nsplit_for(B, H, indices.shape[1], info().sm_count)
     out = alloc((B, H, D), torch.bfloat16, q.device)
     lse = alloc((B, H), torch.float32, q.device)

@@ -105,19 +105,19 @@ for _name, _dt in (("torch_fp32", torch.float32), ("torch_bf16", torch.bfloat16)
 
     def _topk(q, index_cache, weights, seq_lens, page_table, *, max_seq_len, topk, _dt=_dt):
         return topk_from_logits(logits_torch(q, index_cache, weights, seq_lens, page_table, max_seq_len, _dt), topk)
-    _props = dict(stage="S0" if _dt == torch.float32 else "S3",
+    _props = dict(stage="S0" if _dt == torch.float32 else "S3", reads_dead_pages=True,
                   description=f"SGLang's graph-safe torch fallback over the max context, {_dt} bmm")
     register("indexer_logits", _name, **_props)(_logits)
     register("indexer_topk", _name, **_props)(_topk)
 
 
-@register("indexer_logits", "sglang", stage="S3", needs=("sglang",),
+@register("indexer_logits", "sglang", stage="S3", needs=("sglang",), reads_dead_pages=True,
           description="SGLang's fp8_paged_mqa_logits_torch_sm120 (bf16 bmm over the max context), from its wheel")
 def _logits_sglang(q, index_cache, weights, seq_lens, page_table, *, max_seq_len):
     return logits_sglang(q, index_cache, weights, seq_lens, page_table, max_seq_len)
 
 
-@register("indexer_topk", "sglang", stage="S3", needs=("sglang",),
+@register("indexer_topk", "sglang", stage="S3", needs=("sglang",), reads_dead_pages=True,
           description="SGLang's fp8_paged_mqa_logits_torch_sm120 (bf16 bmm over the max context), from its wheel")
 def _topk_sglang(q, index_cache, weights, seq_lens, page_table, *, max_seq_len, topk):
     return topk_from_logits(logits_sglang(q, index_cache, weights, seq_lens, page_table, max_seq_len), topk)

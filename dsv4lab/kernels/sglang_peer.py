@@ -16,8 +16,10 @@ import os
 
 import torch
 
+from .. import errors
 from ..api import register
 from ..device import is_interpret
+from . import guards
 
 SGLANG_VERSION = "0.5.23"
 _REL_PATH = ("kernels", "ops", "attention", "flash_mla_sm120_triton.py")
@@ -42,13 +44,39 @@ def sglang_file() -> str:
                         f"install sglang=={SGLANG_VERSION} with --no-deps")
 
 
+def unavailable_reason() -> str | None:
+    """None when SGLang's kernel file can be loaded, else one line saying why and how to install it
+    (for notebooks: show the line instead of running the SGLang cells)."""
+    try:
+        module()
+    except SGLangMissing as e:
+        return str(e)
+    except Exception as e:  # a broken wheel: say what failed, not a traceback
+        return f"sglang's {'/'.join(_REL_PATH)} fails to load ({type(e).__name__}: {e}); " \
+               f"reinstall it with `pip install --no-deps sglang=={SGLANG_VERSION}`"
+    return None
+
+
 @functools.cache
 def module():
-    """SGLang's flash_mla_sm120_triton module, loaded by file path."""
+    """SGLang's flash_mla_sm120_triton module, loaded by file path: the lab's private copy, whose
+    ``_run_triton_sparse_decode`` (which SGLang's ``flash_mla_sparse_decode_triton`` calls per cache)
+    takes its indices through the lab's device-side guard first (kernels.guards: an index past the
+    cache becomes padding, topk_length is clamped, both flagged; no host sync), since SGLang's
+    kernel trusts them. SGLang's code itself runs unchanged."""
     path = sglang_file()
     spec = importlib.util.spec_from_file_location("dsv4lab_sglang_flash_mla_sm120_triton", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    original = mod._run_triton_sparse_decode
+
+    def run_guarded(q, k_cache, indices, topk_length, softmax_scale):
+        B = q.shape[0]
+        idx, tlen = guards.sanitize_decode(indices.reshape(B, -1), None if topk_length is None else
+                                           topk_length.contiguous(), None, k_cache.shape[0] * k_cache.shape[1])
+        return original(q, k_cache, idx, tlen, softmax_scale)
+    mod._run_triton_sparse_decode = run_guarded
+    mod.unguarded_run_triton_sparse_decode = original
     return mod
 
 
@@ -72,10 +100,12 @@ def one_config_when_interpreting(mod=None):
 
 
 def run(q, cache, indices, topk_len, sm_scale):
-    """Launch SGLang's kernel on q [B,H,512] and the lab's cache; returns (out, lse) [B,H,*]."""
+    """Launch SGLang's kernel on q [B,H,512] and the lab's cache; returns (out, lse) [B,H,*]. Indices
+    past cache.num_tokens become padding and topk_len is clamped first, on the device (kernels.guards)."""
     mod = module()
+    indices, topk_len = guards.sanitize_decode(indices, topk_len, None, cache.num_tokens)
     if not is_interpret():
-        out, lse = mod._run_triton_sparse_decode(q.unsqueeze(1), cache.k_cache, indices, topk_len, sm_scale)
+        out, lse = mod.unguarded_run_triton_sparse_decode(q.unsqueeze(1), cache.k_cache, indices, topk_len, sm_scale)
         return out.squeeze(1), lse.squeeze(1)
     # Interpreter: the same launch as _run_triton_sparse_decode, minus the autotuner.
     k_cache = cache.k_cache
@@ -101,6 +131,7 @@ def run(q, cache, indices, topk_len, sm_scale):
 def sparse_decode_sglang(q, cache, indices, *, topk_len, sm_scale, attn_sink):
     out, lse = run(q, cache, indices, topk_len, sm_scale)
     if attn_sink is not None:
+        errors.set_flag(q.device, errors.Flag.SINK, ~torch.isfinite(attn_sink).all())
         # SGLang's _apply_attn_sink, on our [B,H] layout
         out4, lse3 = module()._apply_attn_sink(out.unsqueeze(1), lse.unsqueeze(1), attn_sink.float())
         out, lse = out4.squeeze(1), lse3.squeeze(1)

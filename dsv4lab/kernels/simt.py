@@ -12,16 +12,18 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import errors
 from ..api import register
-from .common import LOG2E, alloc, cache_views, finish, gather_kv_tile, out_dtype
+from .common import (INDEX_FLAG, LOG2E, NONFINITE_FLAG, SINK_FLAG, alloc, cache_views, finish, gather_kv_tile,
+                     in_cache, out_dtype, row_length, token_limit)
 
 BLOCK_T = 16
 NUM_WARPS = 4
 
 
 @triton.jit
-def _simt_decode_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
-                        qk_scale, K, H,
+def _simt_decode_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE, ERR,
+                        qk_scale, K, H, num_tokens,
                         stride_qb, stride_qh, stride_ib, stride_ob, stride_oh,
                         PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr,
                          HAS_TOPK_LEN: tl.constexpr, HAS_SINK: tl.constexpr,
@@ -30,17 +32,17 @@ def _simt_decode_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
     h = tl.program_id(1)
     col = tl.arange(0, D)
     q = tl.load(Q + b * stride_qb + h * stride_qh + col).to(tl.float32) * qk_scale  # log2 units
-    n_valid = K
-    if HAS_TOPK_LEN:
-        n_valid = tl.minimum(tl.load(TOPK_LEN + b), K)
+    n_valid, flags = row_length(TOPK_LEN, b, K, HAS_TOPK_LEN)
     m_i = -1e30
     l_i = 0.0
     acc = tl.zeros([D], dtype=tl.float32)
     t = tl.arange(0, BLOCK_T)
+    top = tl.full([BLOCK_T], -1, dtype=tl.int32)      # largest index seen: > num_tokens - 1 is flagged
     for start in range(0, n_valid, BLOCK_T):        # stops at topk_len: no work past it
         pos = start + t
         tok = tl.load(IDX + b * stride_ib + pos, mask=pos < n_valid, other=-1)
-        valid = (pos < n_valid) & (tok >= 0)
+        top = tl.maximum(top, tok)
+        valid = (pos < n_valid) & in_cache(tok, num_tokens)
         kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, tl.float32)
         s = tl.sum(q[None, :] * kv, axis=1)
         s = tl.where(valid, s, float("-inf"))
@@ -53,14 +55,18 @@ def _simt_decode_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
     has = l_i > 0.0
     lse = tl.where(has, (m_i + tl.math.log2(tl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
     out = acc / tl.where(has, l_i, 1.0)
+    flags |= tl.where(tl.max(top, axis=0) >= num_tokens, INDEX_FLAG, 0)
     if HAS_SINK:
         sink = tl.load(SINK + h).to(tl.float32)
+        flags |= tl.where(tl.abs(sink) < float("inf"), 0, SINK_FLAG)
         new_lse = tl.maximum(lse, sink) + tl.log(1.0 + tl.exp(-tl.abs(lse - sink)))
         new_lse = tl.where(has, new_lse, sink)
         out = out * tl.exp(lse - new_lse)
         lse = new_lse
+    flags |= tl.where(tl.sum((tl.abs(out) < float("inf")).to(tl.int32), axis=0) == D, 0, NONFINITE_FLAG)
     tl.store(O + b * stride_ob + h * stride_oh + col, out.to(O.dtype.element_ty))
     tl.store(LSE + b * H + h, lse)
+    tl.atomic_or(ERR, flags, mask=flags != 0)
 
 
 @register("sparse_decode", "simt", stage="S0",
@@ -77,7 +83,7 @@ def sparse_decode_simt(q, cache, indices, *, topk_len, sm_scale, attn_sink):
         q, fp8, u8, bf16, indices,
         topk_len if topk_len is not None else dummy,
         attn_sink if attn_sink is not None else dummy,
-        out, lse, sm_scale * LOG2E, indices.shape[1], H,
+        out, lse, errors.word(q.device), sm_scale * LOG2E, indices.shape[1], H, token_limit(cache),
         q.stride(0), q.stride(1), indices.stride(0), out.stride(0), out.stride(1),
         PAGE_SIZE=cache.page_size, PAGE_BYTES=cache.page_bytes,
         HAS_TOPK_LEN=topk_len is not None, HAS_SINK=attn_sink is not None,

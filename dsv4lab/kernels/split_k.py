@@ -19,14 +19,15 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import errors
 from ..api import register
-from ..planning import Launch, choose, choose_split, launch_of_plan
+from ..planning import Launch, choose, choose_split, launch_of_plan, per_shape
 from . import common, head_batched
-from .common import alloc, finish, out_dtype
+from .common import NONFINITE_FLAG, SINK_FLAG, alloc, finish, out_dtype
 
 
 @triton.jit
-def merge_partials(O_PART, LSE_PART, SINK, O, LSE, b, heads, hmask, H, nsplit,
+def merge_partials(O_PART, LSE_PART, SINK, O, LSE, ERR, b, heads, hmask, H, nsplit,
                    stride_pb, stride_ph, stride_ps, stride_ob, stride_oh,
                    HAS_SINK: tl.constexpr, SPLIT_P2: tl.constexpr, DCHUNK: tl.constexpr, D: tl.constexpr):
     """Split-K's merge for the rows ``heads`` of batch ``b``, by log-sum-exp:
@@ -35,7 +36,8 @@ def merge_partials(O_PART, LSE_PART, SINK, O, LSE, b, heads, hmask, H, nsplit,
 
     Splits with lse_i = -inf (no valid token) weigh 0; a row with none at all gives o = 0,
     lse = -inf; the sink is applied once, here. All NSPLIT partials of a column chunk are
-    loaded in one [heads, splits, DCHUNK] tensor so the loads overlap. Loads bypass L1 (.cg)."""
+    loaded in one [heads, splits, DCHUNK] tensor so the loads overlap. Loads bypass L1 (.cg).
+    A non-finite sink or output sets its bit in the error word ERR (dsv4lab.errors)."""
     s = tl.arange(0, SPLIT_P2)
     smask = s < nsplit
     lse_i = tl.load(LSE_PART + (b * H + heads)[:, None] * nsplit + s[None, :],
@@ -46,8 +48,10 @@ def merge_partials(O_PART, LSE_PART, SINK, O, LSE, b, heads, hmask, H, nsplit,
     wsum = tl.where(has, tl.sum(w, axis=1), 1.0)
     lse = tl.where(has, m + tl.log(wsum), float("-inf"))
     scale = 1.0 / wsum
+    flags = tl.full([], 0, tl.int32)
     if HAS_SINK:
         sink = tl.load(SINK + heads, mask=hmask, other=0.0).to(tl.float32)
+        flags |= tl.where(tl.min((tl.abs(sink) < float("inf")).to(tl.int32), axis=0) == 1, 0, SINK_FLAG)
         new_lse = tl.where(has, tl.maximum(lse, sink) + tl.log(1.0 + tl.exp(-tl.abs(lse - sink))), sink)
         scale = scale * tl.exp(lse - new_lse)
         lse = new_lse
@@ -59,13 +63,16 @@ def merge_partials(O_PART, LSE_PART, SINK, O, LSE, b, heads, hmask, H, nsplit,
                       + col[None, None, :], mask=hmask[:, None, None] & smask[None, :, None] & cmask[None, None, :],
                       other=0.0, cache_modifier=".cg")
         out = tl.sum(w[:, :, None] * o_i, axis=1)
+        finite = (tl.abs(out) < float("inf")) | ~(hmask[:, None] & cmask[None, :])
+        flags |= tl.where(tl.min(finite.to(tl.int32), axis=None) == 1, 0, NONFINITE_FLAG)
         tl.store(O + b * stride_ob + heads[:, None] * stride_oh + col[None, :], out.to(O.dtype.element_ty),
                  mask=hmask[:, None] & cmask[None, :])
     tl.store(LSE + b * H + heads, lse, mask=hmask)
+    tl.atomic_or(ERR, flags, mask=flags != 0)
 
 
 @triton.jit
-def _combine_kernel(O_PART, LSE_PART, SINK, O, LSE, H, NSPLIT,
+def _combine_kernel(O_PART, LSE_PART, SINK, O, LSE, ERR, H, NSPLIT,
                     stride_pb, stride_ph, stride_ps, stride_ob, stride_oh,
                     HAS_SINK: tl.constexpr, SPLIT_P2: tl.constexpr, D: tl.constexpr,
                     HEADS: tl.constexpr = 1, DCHUNK: tl.constexpr = 512, USE_GDC: tl.constexpr = False):
@@ -74,7 +81,7 @@ def _combine_kernel(O_PART, LSE_PART, SINK, O, LSE, H, NSPLIT,
         tl.extra.cuda.gdc_wait()      # launched early (PDL): wait until the partials are written
     b = tl.program_id(0)
     heads = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
-    merge_partials(O_PART, LSE_PART, SINK, O, LSE, b, heads, heads < H, H, NSPLIT,
+    merge_partials(O_PART, LSE_PART, SINK, O, LSE, ERR, b, heads, heads < H, H, NSPLIT,
                    stride_pb, stride_ph, stride_ps, stride_ob, stride_oh, HAS_SINK, SPLIT_P2, DCHUNK, D)
 
 
@@ -110,7 +117,7 @@ def combine(o_part, lse_part, attn_sink, out, lse, *, pdl=False, heads=None, num
     dchunk = max(merge_chunk(heads, split_p2, num_warps, D, per_thread=128 // o_part.element_size()),
                  min(D, 32 * num_warps * vec // heads))
     _combine_kernel[(B, triton.cdiv(H, heads))](
-        o_part, lse_part, attn_sink if attn_sink is not None else lse, out, lse, H, nsplit,
+        o_part, lse_part, attn_sink if attn_sink is not None else lse, out, lse, errors.word(out.device), H, nsplit,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), out.stride(0), out.stride(1),
         HAS_SINK=attn_sink is not None, SPLIT_P2=split_p2, D=D, HEADS=heads, DCHUNK=dchunk,
         num_warps=num_warps, **(dict(USE_GDC=True, launch_pdl=True) if pdl else {}))
@@ -157,11 +164,13 @@ def run(q, cache, indices, topk_len, sm_scale, attn_sink, opts: Launch):
     return finish(out), lse
 
 
+@per_shape
 def splitk_launch(B: int, H: int, K: int) -> Launch:
     """impl "splitk": always at least 2 slices (when K allows), so it always exercises the merge."""
     return launch_of_plan(choose_split(B, H, K))
 
 
+@per_shape
 def auto_launch(B: int, H: int, K: int) -> Launch:
     """impl "auto": the plan with the smallest modeled time, either tile entry, NSPLIT >= 1."""
     return launch_of_plan(choose(B, H, K))

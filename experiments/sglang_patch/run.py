@@ -37,7 +37,7 @@ import traceback
 
 import torch
 
-from dsv4lab import bench
+from dsv4lab import ab, bench
 from dsv4lab.integrations import sglang as integration
 from dsv4lab.kernels import indexer_gemm, sglang_peer, split_k
 from dsv4lab.testing import (INDEXER_BF16_TOL, LSE_TOL, OUT_TOL, VS_SIMT_TOL, make_indexer_inputs,
@@ -165,19 +165,18 @@ def main(argv):
         sys.exit(__doc__.split("\n\n")[1])
     path = args[0]
     t0 = time.time()
-    result = dict(experiment="sglang_patch", smoke=SMOKE, what=__doc__.split("\n\n")[0], shapes=dict(H=H, window_k=WINDOW_K, window_context=WINDOW_CONTEXT,
-                                                              window_page=256, topk=TOPK, live=LIVE, compressed_page=64,
-                                                              sink=True, softmax_scale=SCALE),
+    result = dict(what=__doc__.split("\n\n")[0], shapes=dict(H=H, window_k=WINDOW_K, window_context=WINDOW_CONTEXT,
+                                                         window_page=256, topk=TOPK, live=LIVE, compressed_page=64,
+                                                         sink=True, softmax_scale=SCALE),
                   tolerances=dict(out=OUT_TOL, lse=LSE_TOL, patched_vs_unpatched_out=VS_SIMT_TOL,
                                   indexer_lab_vs_sglang=INDEXER_BF16_TOL),
                   checks=[], timings=[], indexer=[])
     try:
-        result["environment"] = bench.environment()
         mod = integration.decode_module()
         result["sglang_module"] = mod.__name__
     except Exception:
         result["error"] = _error()
-        bench.save(path, result)
+        ab.write(path, "sglang_patch", SMOKE, **result)
         print("setup failed:", result["error"], flush=True)
         return
     for B in BATCHES:
@@ -190,7 +189,7 @@ def main(argv):
         result["checks"].append(row)
         print("check", row, flush=True)
     result["rows"] = result["checks"]
-    bench.save(path, result)
+    ab.write(path, "sglang_patch", SMOKE, **result)
     if SMOKE:
         return
     for B in BATCHES:
@@ -202,11 +201,11 @@ def main(argv):
         result["timings"].append(row)
         print("timing", {k: v for k, v in row.items() if k != "passes"}, flush=True)
         torch.cuda.empty_cache()
-    bench.save(path, result)
+    ab.write(path, "sglang_patch", SMOKE, **result)
     result["indexer"] = indexer_rows()
     result["lab_calls"] = integration.calls()
     result["elapsed_s"] = round(time.time() - t0, 1)
-    bench.save(path, result)
+    ab.write(path, "sglang_patch", SMOKE, **result)
     print(f"wrote {path} in {result['elapsed_s']} s", flush=True)
 
 

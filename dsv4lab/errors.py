@@ -1,0 +1,123 @@
+"""Bad input found on the device: one error word per device, read by :func:`check_errors`.
+
+The ops' default mode (``checks="device"``) never synchronizes the host, so a value that only
+the device can see (an index past the cache, a ``topk_len`` past K, a non-finite sink, a page id
+outside the indexer cache) cannot raise where it is passed. The kernels never read outside their
+buffers whatever the values are: they treat such a value as padding, clamp it, or stop before it
+(each op's docstring says which), and OR a bit into this device's error word (an int32 tensor
+that lives as long as the process, so a captured CUDA graph writes the same word on every
+replay). :func:`check_errors` reads the word (one host sync), clears it and raises
+:class:`DeviceInputError` naming every kind of bad input seen since the last check; run the call
+again with ``checks="sync"`` to have the offending value itself named.
+"""
+from __future__ import annotations
+
+import enum
+
+import torch
+
+
+class OneLine:
+    """Mixin for errors about the setup (an environment variable, a missing file or package), not the
+    code: Jupyter and IPython show the message alone instead of a traceback."""
+
+    def _render_traceback_(self):
+        return [f"{type(self).__name__}: {self}"]
+
+
+class Flag(enum.IntFlag):
+    """The bits of the error word, one per kind of bad input, and what the op did about it."""
+    INDEX = 1          # sparse decode: an index >= cache.num_tokens
+    TOPK_LEN = 2       # sparse decode: topk_len outside [0, K]
+    SINK = 4           # sparse decode: a non-finite attn_sink
+    NONFINITE = 8      # sparse decode: an output came out NaN or inf
+    SEQ_LEN = 16       # indexer: seq_lens outside [0, max_seq_len]
+    PAGE = 32          # indexer: a live page id outside [0, index_cache.num_pages)
+
+
+#: what each bit means to the caller: what was wrong and what the op did instead
+MEANING = {
+    Flag.INDEX: "sparse decode: an index >= cache.num_tokens (that entry was read as padding: left out)",
+    Flag.TOPK_LEN: "sparse decode: a topk_len outside [0, K] (below 0 read as 0, above K as K)",
+    Flag.SINK: "sparse decode: a non-finite attn_sink (the rows of that head are NaN, or 0 with lse +inf)",
+    Flag.NONFINITE: "sparse decode: an output row came out NaN or inf (a non-finite q, or cache bytes the "
+                    "packers never write: a UE8M0 scale byte > 134, an fp8 NaN byte, a non-finite rope value)",
+    Flag.SEQ_LEN: "indexer: a seq_len outside [0, max_seq_len] (below 0 read as 0, above as max_seq_len)",
+    Flag.PAGE: "indexer: a live page id outside [0, index_cache.num_pages) (that request's positions from "
+               "that page on are -inf: never read, never chosen)",
+}
+
+
+class DeviceInputError(ValueError):
+    """Bad input an op saw on the device (see :func:`check_errors`); ``flags`` holds the bits."""
+
+    def __init__(self, flags: Flag, devices: list):
+        self.flags, self.devices = flags, devices
+        kinds = "; ".join(MEANING[f] for f in Flag if f & flags)
+        where = ", ".join(str(d) for d in devices)
+        super().__init__(f"bad input seen on {where} since the last check_errors(): {kinds}. "
+                         f"Run the call with checks='sync' to have the offending value named")
+
+
+_WORDS: dict[torch.device, torch.Tensor] = {}
+
+
+def _key(device) -> torch.device:
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
+def word(device) -> torch.Tensor:
+    """This device's error word, int32 [1] (made on first use, which must not be inside a CUDA-graph
+    capture: a graph would own its memory; every op runs eagerly once before capture anyway, since
+    Triton compiles on the first launch)."""
+    w = _WORDS.get(device)                 # a tensor's .device (cuda:N): the fast path of every launch
+    if w is not None:
+        return w
+    d = _key(device)
+    w = _WORDS.get(d)
+    if w is None:
+        if d.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"dsv4lab's error word for {d} does not exist yet and cannot be made inside a "
+                               f"CUDA-graph capture: run the op (or dsv4lab.check_errors()) once before capturing")
+        w = _WORDS[d] = torch.zeros(1, dtype=torch.int32, device=d)
+    return w
+
+
+def set_flag(device, flag: Flag, when: torch.Tensor):
+    """OR ``flag`` into the device's word where the 0-d bool tensor ``when`` is true, on the device (no sync)."""
+    w = word(device)
+    w.bitwise_or_(when.to(torch.int32) * int(flag))
+
+
+def read(device=None, *, clear: bool = True) -> Flag:
+    """The bits set on ``device`` (default: every device that has a word), cleared unless ``clear=False``.
+    Reads the device: a host sync, refused inside a CUDA-graph capture."""
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("check_errors() reads the device (a host sync): call it outside CUDA-graph capture, "
+                           "e.g. after a replay")
+    words = [word(device)] if device is not None else list(_WORDS.values())
+    bits = 0
+    for w in words:
+        bits |= int(w.item())
+        if clear:
+            w.zero_()
+    return Flag(bits)
+
+
+def _or(flags) -> Flag:
+    out = Flag(0)
+    for f in flags:
+        out |= f
+    return out
+
+
+def check_errors(device=None):
+    """Raise :class:`DeviceInputError` if any op has flagged bad input on ``device`` (default: every
+    device) since the last call, and clear the flags. One host sync; returns None when clean."""
+    seen = {d: read(d) for d in ([_key(device)] if device is not None else list(_WORDS))}
+    bad = [d for d, bits in seen.items() if bits]
+    if bad:
+        raise DeviceInputError(_or(seen[d] for d in bad), bad)

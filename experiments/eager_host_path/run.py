@@ -1,0 +1,103 @@
+"""The eager host path of the ops, with each check mode, against CUDA-graph replay. One JSON.
+
+    PYTHONPATH=. python experiments/eager_host_path/run.py OUT.json [--cpu-smoke]
+
+Rows (``rows``), one per (op, impl, B, mode), DeepSeek-V4-Flash shapes (H 64, top-k 512, 8192 live
+tokens a request, pages of 64; the indexer at B = 32 with 8192 live tokens and the story's max
+context 262208, H_i 64, top-512):
+
+* ``eager_us``: do_bench median (L2 flushed) of the eager call: what a caller sees per call when
+  the GPU waits on the host (dsv4lab.bench.time_ms);
+* ``host_us``: the host's time to issue one call (median over 7 batches of 50 calls issued back to
+  back, divided by 50; the GPU runs behind, so this is the host path alone);
+* ``graph_us``: the same call replayed from a one-call CUDA graph (mode "device" only: "sync"
+  cannot be captured, and captures as "device").
+
+Modes: ``checks="device"`` (the default: no host sync) and ``checks="sync"`` (host checks that
+name the offending value). Also ``triton_launch_us``: the host time of one launch of an empty
+Triton kernel (the floor any eager call pays per launch: split-K and the guarded indexer launch
+two kernels), and ``checks``: every timed call's eager answer equals its graph replay bitwise,
+and no error flag was set. Expected runtime on an H200: about 1 minute (compiling included).
+"""
+import statistics
+import time
+
+import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
+
+import torch
+
+from dsv4lab import ab, bench, errors
+from dsv4lab.testing import make_decode_inputs, make_indexer_inputs
+
+QUESTION = "eager_host_path"
+
+
+def host_us(fn, smoke, batches=7, calls=50) -> float | None:
+    """Median host microseconds to issue one call (``calls`` issued back to back, then a sync)."""
+    if smoke:
+        fn()
+        return None
+    per = []
+    for _ in range(batches):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per.append((time.perf_counter() - t) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(per)
+
+
+def time_call(fn, smoke, *, graph: bool) -> dict:
+    row = {"eager_us": ab.time_us(fn, smoke, graph=False), "host_us": host_us(fn, smoke)}
+    if graph:
+        row["graph_us"] = ab.time_us(fn, smoke, graph=True)
+        if not smoke:                       # the replayed graph gives the eager answer, bitwise
+            first = fn()
+            g, res = bench.capture(fn)
+            g.replay()
+            torch.cuda.synchronize()
+            first, res = (first if isinstance(first, tuple) else (first,)), (res if isinstance(res, tuple) else (res,))
+            row["graph_bitwise"] = all(torch.equal(a, b) for a, b in zip(first, res))
+    row["flags"] = int(errors.read())
+    row["ok"] = row["flags"] == 0 and row.get("graph_bitwise", True)
+    return row
+
+
+def triton_launch_us(smoke) -> float | None:
+    from dsv4lab.bench import _empty_kernel
+    x = torch.zeros(1, device=dsv4lab.device.torch_device())
+    return host_us(lambda: _empty_kernel[(1,)](x), smoke)
+
+
+def main(argv=None):
+    a = ab.parse_args(__doc__, argv=argv)
+    smoke = a.smoke
+    H, K, ctx, batches = (8, 32, 64, (1, 2)) if smoke else (64, 512, 8192, (1, 32, 128))
+    rows = []
+    payload = dict(rows=rows, complete=False)
+    payload["triton_launch_us"] = triton_launch_us(smoke)
+    for B in batches:
+        inp = make_decode_inputs(B, H, K, context=ctx, seed=B)
+        for impl in ("auto", "mma"):
+            for mode in ("device", "sync"):
+                fn = lambda impl=impl, mode=mode: dsv4lab.sparse_decode(  # noqa: E731
+                    inp.q, inp.cache, inp.indices, impl=impl, checks=mode)
+                rows.append(ab.attempt(dict(op="sparse_decode", impl=impl, B=B, H=H, K=K, mode=mode),
+                                       lambda fn=fn, mode=mode: time_call(fn, smoke, graph=mode == "device")))
+        ab.write(a.out, QUESTION, smoke, **payload)
+        del inp
+    B, L = (2, 200) if smoke else (32, 262208)
+    inp = make_indexer_inputs(B, 8 if smoke else 64, L, seq_lens=64 if smoke else 8192, seed=13)
+    for op, kw in (("indexer_logits", {}), ("indexer_topk", {"topk": 16 if smoke else 512})):
+        for mode in ("device", "sync"):
+            fn = lambda op=op, kw=kw, mode=mode: getattr(dsv4lab, op)(  # noqa: E731
+                *inp.args(), max_seq_len=L, impl="triton", checks=mode, **kw)
+            rows.append(ab.attempt(dict(op=op, impl="triton", B=B, max_seq_len=L, mode=mode),
+                                   lambda fn=fn, mode=mode: time_call(fn, smoke, graph=mode == "device")))
+    payload["complete"] = True
+    ab.write(a.out, QUESTION, smoke, **payload)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,22 @@
+"""Bad input and what it gets: every case of dsv4lab.contracts does what README.md's table says,
+and the table is the rendering of those cases."""
+import pytest
+
+from dsv4lab import contracts, report
+
+
+@pytest.mark.parametrize("case", contracts.CASES, ids=lambda c: f"{c.entry}: {c.bad} [{c.checks}]")
+def test_case_gets_what_the_table_says(case):
+    if case.raises is None:
+        case.run()                                  # answers; the case checks its answer itself
+        return
+    with pytest.raises(case.raises) as e:
+        case.run()
+    assert case.says in str(e.value), f"message: {e.value}"
+
+
+def test_readme_table_is_the_rendering():
+    assert len(contracts.CASES) >= 30
+    assert "bad-input" in report.SECTIONS
+    assert report.render("bad-input") == contracts.render()
+    assert "bad-input" not in report.sync_readme(write=False), "run `python -m dsv4lab readme`"

@@ -1,0 +1,183 @@
+"""On the GPU (the recorded run: pytest -m gpu; skipped with a reason elsewhere): every graph-safe impl
+of every op is bitwise the same over 20 reruns and between eager calls and CUDA-graph replay, issues
+no host sync when called eagerly in the default checks="device" mode nor while it is captured
+(torch.cuda.set_sync_debug_mode("error")), and the error word is set on purpose, eagerly and from a
+replayed graph, with the answers the device-mode contract gives (the "bits" dequant's NaN included)."""
+import contextlib
+import math
+
+import pytest
+import torch
+
+import dsv4lab
+from dsv4lab import api, errors, reference
+from dsv4lab.cache import scale_view
+from dsv4lab.errors import Flag
+from dsv4lab.testing import (LSE_TOL, OUT_TOL, make_decode_inputs, make_indexer_inputs, make_merged_decode_inputs,
+                             rel_err)
+
+pytestmark = pytest.mark.gpu
+
+GPU = dsv4lab.device.mode() == "cuda"
+
+
+def _available(op, impl) -> bool:
+    if "sglang" not in api.impl_info(op, impl).needs:
+        return True
+    from dsv4lab.kernels import indexer_gemm, sglang_peer
+    try:
+        sglang_peer.module() if op == "sparse_decode" else indexer_gemm.sglang_function()
+    except ImportError:
+        return False
+    return True
+
+
+def _graph_safe(op):
+    """The impls of ``op`` that capture in a CUDA graph (and whose code this machine has)."""
+    if not GPU:
+        return ["-"]
+    return [i for i in dsv4lab.impls(op) if api.impl_info(op, i).graph_safe and _available(op, i)]
+
+
+@contextlib.contextmanager
+def no_sync():
+    """Any synchronizing CUDA call inside the block raises (torch's sync debug mode)."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def _capture(fn):
+    """(graph, result): fn run once eagerly (compiles), once more eagerly with syncs forbidden, then
+    captured with syncs forbidden."""
+    fn()
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), no_sync():
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with no_sync(), torch.cuda.graph(g):
+        res = fn()
+    torch.cuda.synchronize()
+    return g, res
+
+
+def _bitwise(a, b):
+    a = a if isinstance(a, tuple) else (a,)
+    b = b if isinstance(b, tuple) else (b,)
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def _same_20_times_and_in_a_graph(fn):
+    first = fn()
+    for _ in range(19):
+        assert _bitwise(fn(), first), "reruns differ"
+    g, res = _capture(fn)
+    g.replay()
+    torch.cuda.synchronize()
+    assert _bitwise(res, first), "graph replay differs from the eager call"
+
+
+@pytest.mark.parametrize("impl", _graph_safe("sparse_decode"))
+@pytest.mark.parametrize("B", [1, 32, 136])
+def test_decode_bitwise_reruns_graph_and_no_sync(impl, B):
+    inp = make_decode_inputs(B, 64, 512, context=1024, pad_frac=0.05, topk_len=True, sink=True, seed=B)
+    _same_20_times_and_in_a_graph(lambda: dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl=impl,
+                                                                **inp.kwargs()))
+    dsv4lab.check_errors()
+
+
+@pytest.mark.parametrize("impl", _graph_safe("sparse_decode"))
+def test_merged_decode_bitwise_and_no_sync(impl):
+    inp = make_merged_decode_inputs(8, 64, 128, 512, window_context=256, compressed_context=2048, topk_len=True,
+                                    sink=True, seed=5)
+    args = inp.sglang_args()
+    _same_20_times_and_in_a_graph(lambda: dsv4lab.flash_mla_sparse_decode(*args, impl=impl, checks="device"))
+    dsv4lab.check_errors()
+
+
+@pytest.mark.parametrize("op", ["indexer_logits", "indexer_topk"])
+@pytest.mark.parametrize("impl", _graph_safe("indexer_logits"))
+def test_indexer_bitwise_reruns_graph_and_no_sync(op, impl):
+    inp = make_indexer_inputs(8, 64, 8192, seed=3)
+    kw = dict(topk=512) if op == "indexer_topk" else {}
+    fn = getattr(dsv4lab, op)
+    _same_20_times_and_in_a_graph(lambda: fn(*inp.args(), max_seq_len=inp.max_seq_len, impl=impl, **kw))
+    dsv4lab.check_errors()
+
+
+@pytest.mark.parametrize("impl", _graph_safe("sparse_decode"))
+def test_decode_error_word_eager_and_replayed(impl):
+    """Bad values on purpose: eagerly, then written into the buffers of a graph captured on good data
+    and replayed (the way a serving step feeds a graph); answers as the contract says, flags set."""
+    inp = make_decode_inputs(4, 64, 512, context=1024, topk_len=True, sink=True, seed=11)
+    inp.topk_len[0] = 512                                    # row 0 reads the entries made bad below
+    n = inp.cache.num_tokens
+    fn = lambda: dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl=impl, **inp.kwargs())  # noqa: E731
+    errors.read()
+    g, res = _capture(fn)
+    assert errors.read() == Flag(0)
+    good_idx, good_tl = inp.indices.clone(), inp.topk_len.clone()
+    inp.indices[0, :5] = n + 7
+    inp.topk_len[1] = 600
+    inp.topk_len[2] = -1
+    want_idx = torch.where(inp.indices < n, inp.indices, -1)
+    want_tl = inp.topk_len.clamp(0, 512)
+    for run in ("eager", "replay"):
+        if run == "eager":
+            out, lse = fn()
+        else:
+            g.replay()
+            out, lse = res
+        torch.cuda.synchronize()
+        ro, rl = reference.sparse_decode(inp.q, inp.cache, want_idx, want_tl, None, inp.attn_sink)
+        assert rel_err(out.float(), ro) <= OUT_TOL and rel_err(lse, rl) <= LSE_TOL, run
+        assert errors.read() == Flag.INDEX | Flag.TOPK_LEN, run
+    inp.indices.copy_(good_idx)
+    inp.topk_len.copy_(good_tl)
+    inp.attn_sink[3] = math.nan
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.isnan(res[0][:, 3].float()).all() and errors.read() & Flag.SINK
+    with pytest.raises(RuntimeError, match="outside CUDA-graph capture"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            dsv4lab.check_errors()
+
+
+def test_bits_dequant_past_byte_134_is_nan_and_flagged():
+    """The "bits" launch (64-head tiles, B = 136) reads a scale byte 140 as a NaN factor: the row that
+    reads it is NaN, every other row right, and the output check flags it; checks="sync" names it."""
+    from dsv4lab.kernels import head_batched
+    inp = make_decode_inputs(136, 64, 512, context=1024, seed=9)
+    assert head_batched.max_scale_byte(head_batched.mma_launch(136, 64, 512)) is not None, "not a bits launch"
+    tok = int(inp.indices[0, 0])
+    ps = inp.cache.page_size
+    scale_view(inp.cache)[tok // ps, tok % ps, 3] = 140
+    errors.read()
+    out, _ = dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl="mma")
+    assert torch.isnan(out[0].float()).all() and torch.isfinite(out[1:].float()).all()
+    assert errors.read() == Flag.NONFINITE
+    with pytest.raises(ValueError, match="has 140 in nope group 3.*'bits' dequant"):
+        dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl="mma", checks="sync")
+
+
+@pytest.mark.parametrize("impl", _graph_safe("indexer_logits"))
+def test_indexer_error_word_replayed(impl):
+    inp = make_indexer_inputs(4, 64, 4096, seq_lens=[4096, 1000, 64, 0], seed=12)
+    fn = lambda: dsv4lab.indexer_logits(*inp.args(), max_seq_len=4096, impl=impl)  # noqa: E731
+    errors.read()
+    g, res = _capture(fn)
+    inp.page_table[0, 3] = inp.cache.num_pages + 5           # a live page of request 0
+    inp.seq_lens[1] = 5000                                   # past max_seq_len
+    g.replay()
+    torch.cuda.synchronize()
+    assert errors.read() == Flag.PAGE | Flag.SEQ_LEN
+    assert torch.isneginf(res[0, 3 * 64:]).all() and torch.isfinite(res[0, : 3 * 64]).all()
+    # request 1: 4096 live tokens now, but its table holds -1 past its 16 pages: cut there
+    assert torch.isfinite(res[1, :1024]).all() and torch.isneginf(res[1, 1024:]).all()
+    assert torch.isfinite(res[2, :64]).all() and torch.isneginf(res[3]).all()
