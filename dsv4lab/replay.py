@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from . import bench, profile
+from . import bench, profile, runs
 from .device import mode
 from .model import (ASSUMPTIONS, CPU_MODEL, DSV4_FLASH_TP8, GLUE, Model, ModelConfig, Stage,
                     assumptions_markdown, weight_bytes)
@@ -411,6 +411,33 @@ def isolated_decode(model: Model, impls=ISOLATED_IMPLS, batches=(1, PROFILE_BATC
     return rows
 
 
+def decode_calls_per_step(layer_ratios) -> dict:
+    """The decode calls one step makes, by kind: every layer attends over its window cache; a ratio-4
+    layer also over the indexer's top-k of its compressed cache, a ratio-128 layer over every
+    compressed token (an index row padded to the max context's width, topk_length valid)."""
+    ratios = list(layer_ratios)
+    return {"window": len(ratios), "ratio 4": ratios.count(4), "ratio 128": ratios.count(128)}
+
+
+def isolated_per_step(results: dict):
+    """The isolated decode calls (:func:`isolated_decode`, one call per CUDA graph) scaled to one step:
+    per impl, B and call kind the time of one call, the calls of that kind a step makes and their
+    product in ms per step. Rows that recorded an error are left out. A DataFrame."""
+    import pandas as pd
+    calls = decode_calls_per_step(results["config"]["layer_ratios"])
+    rows = []
+    for r in results.get("isolated_decode", []):
+        if r.get("graph_us") is None:
+            continue
+        kind = r["call"].split(" (")[0]
+        m = re.search(r"K=(\d+)(?:, (\d+) valid)?", r["call"])
+        k = int(m.group(1)) if m else None
+        rows.append(dict(impl=r["impl"], B=r["B"], kind=kind, entries=k,
+                         valid=int(m.group(2)) if m and m.group(2) else k, us_per_call=r["graph_us"],
+                         calls=calls.get(kind, 0), ms_per_step=r["graph_us"] * calls.get(kind, 0) / 1e3))
+    return pd.DataFrame(rows, columns=["impl", "B", "kind", "entries", "valid", "us_per_call", "calls", "ms_per_step"])
+
+
 # ---------------------------------------------------------------------------------------------
 # the torch.compile lesson (GPU, in a child process: a failed capture must not poison the run)
 # ---------------------------------------------------------------------------------------------
@@ -537,10 +564,6 @@ def _profile(results: dict, stage_name: str, C: int | None = None) -> dict | Non
     return results.get("stages", {}).get(stage_name, {}).get("profiles", {}).get(str(C))
 
 
-#: the story's glue breakdown (share of the glue, after the MMA kernel), data/campaign/story_facts.csv
-STORY_GLUE_OPS = {"aten::copy_": 35.0, "aten::mul": 13.6, "aten::clamp_min": 13.2, "aten::bmm": 10.0, "aten::sum": 7.0}
-
-
 def story_comparison(results: dict) -> list:
     """The story's published figures beside this run's synthetic ones, with what differs."""
     import csv
@@ -607,9 +630,10 @@ def story_comparison(results: dict) -> list:
                         story=f"{r.get('before_share_pct')}% -> {r.get('after_share_pct')}%",
                         here=unit(pair(cat("S0", c), cat("S1", c), fmt="{:.1f}"), "%"), differences=shares))
     glue = {o["op"]: 100 * o["share"] for o in ((_profile(results, "S1") or {}).get("glue_ops", {}).get("ops", []))}
+    story_ops = runs.story_glue_ops()
     out.append(dict(figure="glue by op after the MMA kernel (S1; % of glue + FP32 GEMM kernel time)",
-                    story=", ".join(f"{k.removeprefix('aten::')} {v:g}%" for k, v in STORY_GLUE_OPS.items()),
-                    here=", ".join(f"{k.removeprefix('aten::')} {glue.get(k, 0.0):.1f}%" for k in STORY_GLUE_OPS)
+                    story=", ".join(f"{k.removeprefix('aten::')} {v:g}%" for k, v in story_ops.items()),
+                    here=", ".join(f"{k.removeprefix('aten::')} {glue.get(k, 0.0):.1f}%" for k in story_ops)
                     if glue else "n/a",
                     differences="here from one eager step by aten op (graph replays carry no op); the set is the "
                                 "kernels the rules call glue or FP32 GEMM"))
@@ -648,19 +672,21 @@ STORY_SETUP = ("The story: 8x RTX PRO 6000 Blackwell (sm_120, 188 SMs, GDDR7 ~1.
                "device, random weights, no collectives, the MoE stand-in (dsv4lab.model.ASSUMPTIONS).")
 
 
-def throughput_lines(ax, results: dict, names):
-    """tok/s vs C per stage (markers: measured; lines: C / (a + b C) from the fit)."""
+def throughput_lines(ax, results: dict, names, colors: dict | None = None):
+    """tok/s vs C per stage (markers: measured; lines: C / (a + b C) from the fit); ``colors``:
+    stage -> matplotlib color (default: the cycle, in the order of ``names``)."""
     for i, n in enumerate(names):
+        color = (colors or {}).get(n, f"C{i % 10}")
         st = results["stages"].get(n, {})
         pts = [(r["C"], r["tok_s"]) for r in st.get("steps", []) if "tok_s" in r]
         if not pts:
             continue
         C, t = zip(*pts)
-        ax.plot(C, t, "o", color=f"C{i % 10}", label=n)
+        ax.plot(C, t, "o", color=color, label=n)
         f = st.get("fit")
         if f:
             xs = [1 + k * (max(C) - 1) / 60 for k in range(61)]
-            ax.plot(xs, [x / ((f["a_ms"] + f["b_ms"] * x) / 1e3) for x in xs], "-", color=f"C{i % 10}", alpha=0.6)
+            ax.plot(xs, [x / ((f["a_ms"] + f["b_ms"] * x) / 1e3) for x in xs], "-", color=color, alpha=0.6)
     ax.set_xlabel("concurrency C (batch = C)")
     ax.set_ylabel("tokens / s (one GPU's step)")
     ax.grid(True, alpha=0.3)

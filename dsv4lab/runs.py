@@ -181,7 +181,9 @@ def latest_experiment(question: str, prefix: str = "") -> str:
 
 def replay(run: str = "h200") -> dict:
     """The recorded campaign replay (``python -m dsv4lab reproduce``: the synthetic decode step through
-    every stage) of run ``run``, data/runs/<run>/reproduce/reproduce.json, as the JSON dict."""
+    every stage) of run ``run``, data/runs/<run>/reproduce/reproduce.json, as the JSON dict: the config,
+    the assumptions, every stage's steps, fit and profiles, the isolated decode calls, S0's glue
+    scaling, the torch.compile lesson, and under "tables" every table its tables.md prints."""
     path = data_dir() / "runs" / run / "reproduce" / "reproduce.json"
     if not path.exists():
         raise FileNotFoundError(f"run {run!r} has no recorded replay (data/runs/{run}/reproduce/reproduce.json; "
@@ -240,6 +242,12 @@ def _provenance(d: dict, where: str) -> str:
 def provenance(part: str = "device", run: str = "h200") -> str:
     """One line saying where, when and with what a recorded part was measured."""
     return _provenance(load(part, run), f"data/runs/{run}/{part}.json")
+
+
+def replay_provenance(run: str = "h200") -> str:
+    """:func:`provenance` for the recorded replay."""
+    env = replay(run)["environment"]
+    return _provenance(env, f"data/runs/{run}/reproduce/reproduce.json")
 
 
 def experiment_provenance(question: str, name: str) -> str:
@@ -313,12 +321,34 @@ def campaign(name: str) -> pd.DataFrame:
     raise FileNotFoundError(f"no campaign table {name!r}; have {sorted(p.stem for p in folder.glob('*.csv'))}")
 
 
-def story_glue_ops() -> dict:
-    """The story's breakdown of its glue by aten op (story_facts, "glue breakdown (op share of glue)")
-    as {"aten::<op>": percent}, in the story's order."""
-    text = campaign("story_facts").set_index("figure")["value"]["glue breakdown (op share of glue)"]
-    return {op if op.startswith("aten::") else f"aten::{op}": float(pct)
-            for op, pct in re.findall(r"([\w:]+) ([\d.]+)%", text)}
+def story_fact(figure: str) -> str:
+    """One published figure of the story_facts table, as its text (e.g. "cap context to 8192")."""
+    facts = campaign("story_facts").set_index("figure")["value"]
+    if figure not in facts:
+        raise KeyError(f"story_facts has no figure {figure!r}; it has {list(facts.index)}")
+    return str(facts[figure])
+
+
+def story_glue_ops() -> dict[str, float]:
+    """The story's breakdown of the glue by aten op after the MMA kernel, {"aten::copy_": 35.0, ...}
+    (percent of the glue), parsed from its story_facts line."""
+    import re
+    text = story_fact("glue breakdown (op share of glue)")
+    ops = {}
+    for m in re.finditer(r"(aten::)?(\w+) ([\d.]+)%", text):
+        ops[f"aten::{m.group(2)}"] = float(m.group(3))
+    if not ops:
+        raise ValueError(f"cannot read op shares from the story's glue breakdown {text!r}")
+    return ops
+
+
+def story_pair(figure: str) -> tuple[float, float]:
+    """The two numbers of a published "~a -> ~b" figure (e.g. the marginal per-request cost)."""
+    import re
+    nums = re.findall(r"[\d.]+", story_fact(figure))
+    if len(nums) != 2:
+        raise ValueError(f"story figure {figure!r} is not 'a -> b': {story_fact(figure)!r}")
+    return float(nums[0]), float(nums[1])
 
 
 def measure_decode(impls, batches, shapes=None, layers=None) -> pd.DataFrame:
