@@ -166,31 +166,6 @@ def sweep_bars(ax, df, col="us_B128", chosen=None):
     return ax
 
 
-def tile_label(row) -> str:
-    """'64x32 w8 s1 registers' for a tile-sweep row: tiles, warps, stages and the kernel's loop
-    (planning.LOOPS; runs recorded before loops had names carry its number, shown as p<n>)."""
-    loop = row.get("loop")
-    if not isinstance(loop, str):
-        pf = row.get("prefetch")
-        loop = f"p{int(pf)}" if pf is not None and pf == pf else ""
-    return (f"{int(row['block_h'])}x{int(row['block_n'])} w{int(row['num_warps'])} s{int(row['num_stages'])}"
-            f" {loop}").rstrip()
-
-
-def tile_bars(ax, df, col="us_B128", chosen=None):
-    """Horizontal bars: time of each tile config at one batch (``col``), fastest at the top;
-    the ``chosen`` config (a dict with block_h, block_n, num_warps, num_stages) in red."""
-    d = df.dropna(subset=[col]).assign(label=lambda t: t.apply(tile_label, axis=1)).sort_values(col, ascending=False)
-    keys = [k for k in ("block_h", "block_n", "num_warps", "num_stages", "loop", "prefetch")
-            if k in d and chosen is not None and k in chosen]
-    is_chosen = d.apply(lambda r: chosen is not None and all(r[k] == chosen[k] for k in keys), axis=1)
-    ax.barh(d["label"], d[col], color=np.where(is_chosen, "C3", "C0"))
-    ax.set_xlabel(f"{col.replace('us_', 'time at ')} (us, graph replay)")
-    ax.set_ylabel("BLOCK_H x BLOCK_N, warps, stages, loop")
-    ax.tick_params(axis="y", labelsize=7)
-    return ax
-
-
 def traffic_diagram(axes, H, block_h, n_tiles=8):
     """Who reads each gathered KV tile of one query, SIMT vs head-batched.
 

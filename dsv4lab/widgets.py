@@ -304,45 +304,6 @@ def explore_split(split: pd.DataFrame, H: int = 64, K: int = 512, sms: int | Non
                          live=_live_box())
 
 
-def explore_traffic(H=64, K=512, D=512):
-    """Heads per program (1 = SIMT; BLOCK_H for head-batched) and B: who reads each KV tile,
-    and the bytes served vs the byte floor."""
-    per = [p for p in (1, 2, 4, 8, 16, 32, 64) if p <= H]
-
-    def show(heads_per_program, B):
-        fig, axes = plt.subplots(1, 2, figsize=(8, 3))
-        plots.traffic_diagram(axes, H, heads_per_program)
-        plt.tight_layout()
-        plt.show()
-        served = roofline.decode_served_bytes(B, H, K, heads_per_program, D)
-        floor = roofline.decode_floor_bytes(B, H, K, D)
-        print(f"B={B}: {B * -(-H // heads_per_program)} programs; bytes served {served / 1e6:.2f} MB "
-              f"= {served / floor:.1f}x the floor {floor / 1e6:.2f} MB")
-
-    return w.interactive(show, heads_per_program=_slider(per, 1, "heads/prog"),
-                         B=_slider([1, 4, 16, 32, 64, 128], 32, "B"))
-
-
-def explore_floors(ceilings, shapes):
-    """Batch (sparse decode) and context (indexer): bytes, FLOPs and floor time at ``ceilings``."""
-    bw, peak = ceilings.copy_tb_s, ceilings.bf16_tflops
-    s = shapes
-
-    def show(B, context):
-        rows = {
-            "sparse decode": (roofline.decode_floor_bytes(B, s.heads, s.topk, s.head_dim),
-                              roofline.decode_flops(B, s.heads, s.topk, s.head_dim)),
-            "indexer (live context)": (roofline.indexer_bytes(B, context, s.index_heads, s.index_dim),
-                                       roofline.indexer_flops(B, context, s.index_heads, s.index_dim)),
-        }
-        out = pd.DataFrame({k: {"MB": b / 1e6, "GFLOP": f / 1e9, **roofline.floor_us(b, f, bw, peak)}
-                            for k, (b, f) in rows.items()}).T
-        print(out.to_string(float_format=lambda v: f"{v:.3g}"))
-
-    return w.interactive(show, B=_slider([1, 2, 4, 8, 16, 32, 64, 128], s.batch, "B"),
-                         context=_slider([1024, 4096, 8192, 65536, 262208, 1048576], s.context, "context"))
-
-
 @functools.lru_cache(maxsize=1)
 def _indexer_inputs(B, H, max_seq_len, live):
     from .testing import make_indexer_inputs
@@ -597,7 +558,7 @@ def heads_per_program_view(heads_per_program, B, live=False, *, decode, tiles=No
         inp = _inputs(B, H, K, context)
         if heads_per_program == 1:
             from .api import sparse_decode
-            fn = lambda: sparse_decode(inp.q, inp.cache, inp.indices, impl="simt", check_ranges=False)  # noqa: E731
+            fn = lambda: sparse_decode(inp.q, inp.cache, inp.indices, impl="simt")  # noqa: E731
         else:
             tiles_cfg = dataclasses.replace(STORY_TILES, block_h=heads_per_program)
             fn = lambda: head_batched.sparse_decode_story(inp.q, inp.cache, inp.indices, topk_len=None,  # noqa: E731
