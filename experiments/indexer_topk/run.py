@@ -12,7 +12,9 @@ OUT.json as soon as it is done (``complete`` False until the end):
    and the float64 reference's selection (recall); one captured graph replayed on the next step's
    data against the reference and bitwise against an eager call.
 2. the step against the max context (``kind="step_vs_max"``): B = 32, 8192 live, max 65536 /
-   262208 / 1,048,576 for impl "triton", 262208 for "torch_fp32" (the baseline).
+   262208 / 1,048,576 for impl "triton"; every other available impl (the torch fallbacks, SGLang's)
+   at 65536 and 262208 ("torch_fp32" at 262208 is the targets' baseline); then the Triton step
+   against the live length (``kind="step_vs_live"``) at max 1,048,576, with logits and top-k alone.
 3. eager (``kind="eager"``): ``dsv4lab.indexer_topk(..., impl="triton")`` with default checks,
    eager (back-to-back calls) and in a graph; the registered function eagerly; the step with the
    one-launch top-k (split 1) eagerly and in a graph; at max 262208 and 1,048,576.
@@ -38,7 +40,7 @@ import torch
 from dsv4lab import ab, api, bench, errors, reference
 from dsv4lab.cache import INDEX_TOKEN_BYTES
 from dsv4lab.device import ceilings
-from dsv4lab.kernels import indexer, topk
+from dsv4lab.kernels import indexer, sglang_peer, topk
 from dsv4lab.kernels.indexer import LOGITS, LOGITS_RUN1
 from dsv4lab.kernels.topk import TOPK, topk_triton
 from dsv4lab.testing import INDEXER_TOL, make_indexer_inputs, poisoned, rel_err, topk_recall
@@ -66,6 +68,11 @@ def logits_bytes(inp) -> int:
     live = int(inp.seq_lens.clamp(0, inp.max_seq_len).sum())
     B, Hi, D = inp.q.shape
     return live * (INDEX_TOKEN_BYTES + 4) + B * Hi * (D * inp.q.element_size() + 4)
+
+
+def available(impl) -> bool:
+    """The impl can run here (SGLang's needs its wheel)."""
+    return "sglang" not in api.impl_info("indexer_topk", impl).needs or sglang_peer.unavailable_reason() is None
 
 
 def registered(impl):
@@ -251,12 +258,13 @@ def main(argv=None):
     rows += run_checks(smoke, B, 700 if smoke else 262208, live)
     save()
 
-    # 2./3. the step against the max context (torch_fp32 at one size), eager against graph
+    # 2./3. the step against the max context (the torch paths at two sizes), eager against graph
     max_lens = [300, 700, 1400] if smoke else [65536, 262208, 1048576]
+    impls = [i for i in api.impls("indexer_topk") if i != "reference" and available(i)]
     for L in max_lens:
         inp = make_indexer_inputs(B, H, L, seq_lens=live, seed=13)
-        for impl in ("triton", "torch_fp32"):
-            if impl != "triton" and L != max_lens[1]:
+        for impl in impls:
+            if impl != "triton" and L not in max_lens[:2]:
                 continue
             step = registered(impl)
 
@@ -270,6 +278,25 @@ def main(argv=None):
         del inp
         if not smoke:
             torch.cuda.empty_cache()
+        save()
+
+    # the Triton step against the live length (max context 1M), with logits and top-k alone
+    Lmax = max_lens[-1]
+    for n in ([64, 200, 300] if smoke else [1024, 4096, 8192, 16384, 32768, 65536, 131072]):
+        inp = make_indexer_inputs(B, H, Lmax, seq_lens=n, seed=14)
+
+        def one(inp=inp):
+            x = indexer.logits_triton(*inp.args(), Lmax, fill_dead=False)
+            r = dict(graph_us=ab.time_us(lambda: registered("triton")(inp), smoke),
+                     logits_us=ab.time_us(lambda: indexer.logits_triton(*inp.args(), Lmax, fill_dead=False), smoke),
+                     topk_us=ab.time_us(lambda: topk_triton(x, inp.seq_lens, K), smoke),
+                     step_bytes=step_bytes(inp), logits_bytes=logits_bytes(inp), floor_us=floor(step_bytes(inp)),
+                     logits_floor_us=floor(logits_bytes(inp)))
+            if r["logits_us"] and copy:
+                r["logits_share_of_copy"] = logits_bytes(inp) / (r["logits_us"] * 1e-6) / (copy * 1e12)
+            return r
+        rows.append(ab.attempt(dict(kind="step_vs_live", impl="triton", B=B, live=n, max_seq_len=Lmax), one))
+        del inp
         save()
 
     # 4. top-k alone per split; 5. logits alone per launch
