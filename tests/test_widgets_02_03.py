@@ -28,7 +28,10 @@ def _as_new_layout(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _decode_with_story(decode: pd.DataFrame) -> pd.DataFrame:
-    """The decode table with mma_story rows carrying a ``launch`` dict, as newer runs record them."""
+    """The decode table with mma_story rows carrying a ``launch`` dict, as newer runs record them
+    (unchanged when the recorded table has them already)."""
+    if (decode.impl == "mma_story").any():
+        return decode
     story = decode[decode.impl == "mma"].assign(impl="mma_story", graph_us=lambda d: d.graph_us * 2)
     story["launch"] = [dict(block_h=STORY_TILES.block_h, block_n=STORY_TILES.block_n, loop="plain", nsplit=1)] * len(story)
     return pd.concat([decode, story], ignore_index=True)
@@ -47,7 +50,8 @@ def test_tiles_view_at_every_setting(layout, no_show, capsys):
             assert chk["ok"], chk
             assert (chk["block_h"], chk["B"], chk["programs"]) == (block_h, b, b * -(-H // block_h))
             rec = widgets.recorded_head_block(tiles, decode, block_h, B)
-            assert len(rec) == (tiles.block_h == block_h).sum() + (layout != "recorded" and block_h == 32)
+            has_story = ((decode.impl == "mma_story") & (decode.B == B)).any()
+            assert len(rec) == (tiles.block_h == block_h).sum() + (has_story and block_h == STORY_TILES.block_h)
             assert rec.us.notna().all()
     assert len(no_show) == len(widgets.STORY_BLOCK_HS) * len(batches)
     out = capsys.readouterr().out
