@@ -56,6 +56,14 @@ def time_in_graph_us(fns, smoke: bool) -> float | None:
     return bench.time_per_call_in_graph_ms(fns) * 1e3
 
 
+def add_times(rows: list, timed: dict, row_of) -> None:
+    """Append one row per timed variant of ``timed`` ({name: times}, as time_variants returns):
+    ``row_of(name)`` with the times, printed as it lands."""
+    for name, t in timed.items():
+        rows.append({**row_of(name), **t})
+        print(rows[-1], flush=True)
+
+
 def attempt(row: dict, fn, log=print) -> dict:
     """``row`` updated with what ``fn()`` returns (a dict), or with ``error`` if it raises; logged."""
     try:

@@ -47,9 +47,8 @@ def main(argv=None):
     for B in ([1] if a.smoke else a.batches):
         inp = make_decode_inputs(B, H, K, context=ctx, seed=900 + B)
         variants = launches(B, H, K)
-        for name, t in ab.time_variants({n: caller(o) for n, o in variants.items()}, inp, a.smoke).items():
-            rows.append(dict(kind="time", B=B, variant=name, launch=variants[name] and variants[name].as_dict(), **t))
-            print(rows[-1], flush=True)
+        ab.add_times(rows, ab.time_variants({n: caller(o) for n, o in variants.items()}, inp, a.smoke),
+                     lambda name: dict(kind="time", B=B, variant=name, launch=variants[name] and variants[name].as_dict()))
         del inp
         ab.write(a.out, QUESTION, a.smoke, H=H, K=K, context=ctx, rows=rows, complete=False)   # kept if cut short
     ab.write(a.out, QUESTION, a.smoke, H=H, K=K, context=ctx, rows=rows, complete=True)

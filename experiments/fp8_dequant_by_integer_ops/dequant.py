@@ -74,9 +74,8 @@ def main(argv=None):
         inp = make_decode_inputs(B, H, K, context=ctx, seed=500 + B)
         for impl in ["mma"] + (["splitk"] if B <= 32 else []):
             opts = {v: replace(LAUNCHES[impl](B, H, K), dequant=v[0], fold_scale=v[1]) for v in variants}
-            for v, t in ab.time_variants(opts, inp, a.smoke).items():
-                rows.append(dict(kind="time", B=B, impl=impl, **opts[v].as_dict(), **t))
-                print(rows[-1], flush=True)
+            ab.add_times(rows, ab.time_variants(opts, inp, a.smoke),
+                         lambda v: dict(kind="time", B=B, impl=impl, **opts[v].as_dict()))
         del inp
         ab.write(a.out, QUESTION, a.smoke, H=H, K=K, context=ctx, rows=rows, complete=False)   # kept if cut short
     ab.write(a.out, QUESTION, a.smoke, H=H, K=K, context=ctx, rows=rows, complete=True)

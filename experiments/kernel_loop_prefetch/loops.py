@@ -54,9 +54,8 @@ def main(argv=None):
     for use, B, n in shapes:
         inp = make_decode_inputs(B, H, K, context=ctx, seed=900 + B)
         variants = {loop: launch(entries[use], loop, B, H, n) for loop in planning.LOOPS}
-        for loop, t in ab.time_variants(variants, inp, a.smoke).items():
-            rows.append(dict(kind="time", entry=use, B=B, **variants[loop].as_dict(), **t))
-            print(rows[-1], flush=True)
+        ab.add_times(rows, ab.time_variants(variants, inp, a.smoke),
+                     lambda loop: dict(kind="time", entry=use, B=B, **variants[loop].as_dict()))
         del inp
         ab.write(a.out, QUESTION, a.smoke, H=H, K=K, context=ctx, rows=rows, complete=False)   # kept if cut short
     ab.write(a.out, QUESTION, a.smoke, H=H, K=K, context=ctx, rows=rows, complete=True)

@@ -38,9 +38,7 @@ def main(argv=None):
             call = lambda x, opts=opts: ab.decode(opts, x)  # noqa: E731
             rows.append(ab.attempt(dict(base, kind="check", pdl=pdl), lambda: ab.check(call, chk, a.smoke)))
         inp = make_decode_inputs(B, H, K, context=ctx, seed=600 + B)
-        for pdl, t in ab.time_variants(variants, inp, a.smoke).items():
-            rows.append(dict(base, kind="time", pdl=pdl, **t))
-            print(rows[-1], flush=True)
+        ab.add_times(rows, ab.time_variants(variants, inp, a.smoke), lambda pdl: dict(base, kind="time", pdl=pdl))
         del inp
         ab.write(a.out, QUESTION, a.smoke, H=H, K=K, context=ctx, rows=rows, complete=False)   # kept if cut short
     ab.write(a.out, QUESTION, a.smoke, H=H, K=K, context=ctx, rows=rows, complete=True)

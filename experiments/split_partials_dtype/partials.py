@@ -42,9 +42,7 @@ def main(argv=None):
                 rows.append(ab.attempt(dict(base, kind="check", partials=d,
                                             combine_warps=split_k.combine_warps(getattr(torch, d))),
                                        lambda: ab.check(call, chk, a.smoke)))
-            for d, t in ab.time_variants(variants, inp, a.smoke).items():
-                rows.append(dict(base, kind="time", partials=d, **t))
-                print(rows[-1], flush=True)
+            ab.add_times(rows, ab.time_variants(variants, inp, a.smoke), lambda d: dict(base, kind="time", partials=d))
         del inp
         ab.write(a.out, QUESTION, a.smoke, H=H, K=K, context=ctx, rows=rows, complete=False)   # kept if cut short
     ab.write(a.out, QUESTION, a.smoke, H=H, K=K, context=ctx, rows=rows, complete=True)
