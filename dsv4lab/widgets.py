@@ -1018,11 +1018,11 @@ def hopper_batch_view(times: pd.DataFrame, B: int, ceilings, model, budget: list
     return {"B": B, "us": us, "nsplit": nsplit, "tiles": tiles, "model_us": model_us, "floor": floor, "live": live}
 
 
-def explore_hopper(times: pd.DataFrame, ceilings, model, budget: list[dict]):
+def explore_hopper(times: pd.DataFrame, ceilings, model, budget: list[dict], cold_us: float = 1.1):
     """One recorded batch at a time (hopper_batch_view)."""
     bs = sorted(int(b) for b in times["B"].unique())
 
     def show(B):
-        hopper_batch_view(times, B, ceilings, model, budget)
+        hopper_batch_view(times, B, ceilings, model, budget, cold_us)
 
     return w.interactive(show, B=_slider(bs, 32, "B"))
