@@ -320,7 +320,7 @@ def hopper_timeline(ax, segments, clock_ghz=1.98):
         y = lanes.index(s["lane"])
         x0, dx = s["start"] / (clock_ghz * 1e3), (s["end"] - s["start"]) / (clock_ghz * 1e3)
         ax.broken_barh([(x0, dx)], (y - 0.35, 0.7), facecolors=colors[s["what"]], edgecolor="white", lw=0.5)
-        if s["what"] != "gather" and s["what"] != "dequant" or s is segments[0]:
+        if s["lane"].startswith("consumers") or s is segments[0]:   # the producer's bars are too short to label
             ax.text(x0 + dx / 2, y, str(s["tile"]), ha="center", va="center", fontsize=7, color="white")
     ax.set_yticks(range(len(lanes)), lanes, fontsize=8)
     ax.set_xlabel("time in one program (us, model at ideal issue: not a trace)")

@@ -141,7 +141,8 @@ def hopper_timeline(budget: list[dict], tiles=4, num_buf=2, chunks=4, cold_us=1.
         ready.append(p_end)
         t = max(ready[i], done[i - 1] if i else 0.0)
         for row in cons:
-            segs.append(dict(lane="consumers (2 warp groups)", tile=i, what=row["step"], start=t, end=t + row["cycles"]))
+            segs.append(dict(lane="consumers (2 warp groups)", tile=i, what=row["step"], start=t,
+                             end=t + row["cycles"]))
             t += row["cycles"]
         done.append(t)
     return segs
