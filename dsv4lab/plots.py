@@ -308,3 +308,22 @@ def op_share_bars(ax, shares: dict, ops=None, min_share=2.0):
     ax.grid(True, axis="x", alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
     return ax
+
+
+def hopper_timeline(ax, segments, clock_ghz=1.98):
+    """Segments of roofline.hopper_timeline as a Gantt chart in us, one lane per role, one colour
+    per step, each bar labelled with its tile number."""
+    lanes = list(dict.fromkeys(s["lane"] for s in segments))[::-1]
+    steps = list(dict.fromkeys(s["what"] for s in segments))
+    colors = {w: f"C{i}" for i, w in enumerate(steps)}
+    for s in segments:
+        y = lanes.index(s["lane"])
+        x0, dx = s["start"] / (clock_ghz * 1e3), (s["end"] - s["start"]) / (clock_ghz * 1e3)
+        ax.broken_barh([(x0, dx)], (y - 0.35, 0.7), facecolors=colors[s["what"]], edgecolor="white", lw=0.5)
+        if s["lane"].startswith("consumers") or s is segments[0]:   # the producer's bars are too short to label
+            ax.text(x0 + dx / 2, y, str(s["tile"]), ha="center", va="center", fontsize=7, color="white")
+    ax.set_yticks(range(len(lanes)), lanes, fontsize=8)
+    ax.set_xlabel("time in one program (us, model at ideal issue: not a trace)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
+    ax.legend(handles, list(colors), fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    return ax

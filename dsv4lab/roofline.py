@@ -72,3 +72,77 @@ def floor_us(nbytes, flops, copy_tb_s, tflops) -> dict:
     return {"mem_us": t_mem, "math_us": t_math, "floor_us": max(t_mem, t_math),
             "bound": "memory" if t_mem >= t_math else "compute",
             "intensity": flops / nbytes}
+
+
+#: Per-SM rates of an H200 at the 1.98 GHz its programs run at under load, as the Hopper kernel's
+#: budget uses them: dense bf16 wgmma FLOPs, shared-memory bytes (32 banks x 4 B), 32-bit integer
+#: ops, fp32 (and bf16x2) ops, MUFU (exp2) ops, each per clock.
+H200_SM = {"clock_ghz": 1.98, "mma_flop": 4096, "smem_bytes": 128, "int_ops": 64, "fp32_ops": 128, "mufu": 16}
+
+
+def hopper_tile_budget(H=64, D=512, nope=448, block_n=64, chunk=16, consumer_groups=2, rates=None,
+                       chunk_round_trip_us=(0.2, 0.3)) -> list[dict]:
+    """Cycles of one BLOCK_N-token tile of impl "hopper" in steady state at ideal issue (no stalls):
+    one row per step, with who runs it (the consumer warp groups or the producer), the resource that
+    bounds it and its cycles. Shared-memory reads count each consumer warp group's operands (Q is
+    read by every group, K, V and P once). The producer's gather is latency, not throughput:
+    BLOCK_N / CHUNK dependent round trips (an index load, then the 16-byte gathers) of
+    ``chunk_round_trip_us`` each (an estimate for L2 hits; its "cycles" row holds the low end,
+    "cycles_high" the high end)."""
+    r = H200_SM if rates is None else rates
+    mma = 2 * H * block_n * D                               # one product: 64 heads x BLOCK_N x 512 x 2
+    q_reads = H * D * 2 * consumer_groups
+    kv_tile = block_n * D * 2
+    p_bytes = H * block_n * 2 * (1 + consumer_groups)       # P written once, read by every group
+    pairs = nope // 2
+    rows = [
+        ("consumers", "Q K^T (wgmma)", "shared memory" if (q_reads + kv_tile) / r["smem_bytes"] > mma / r["mma_flop"]
+         else "tensor cores", max((q_reads + kv_tile) / r["smem_bytes"], mma / r["mma_flop"]), q_reads + kv_tile, mma),
+        ("consumers", "softmax, O rescale, P to operand layout", "MUFU + fp32 + shared memory",
+         H * block_n / r["mufu"] + H * D / r["fp32_ops"] + 3 * H * block_n / r["fp32_ops"] + p_bytes / r["smem_bytes"],
+         p_bytes, 0),
+        ("consumers", "P V (wgmma)", "tensor cores" if mma / r["mma_flop"] >= kv_tile / r["smem_bytes"]
+         else "shared memory", max(mma / r["mma_flop"], kv_tile / r["smem_bytes"]), kv_tile, mma),
+        ("producer", "fp8 -> bf16 dequant (integer ops)", "integer pipe",
+         block_n * (4 * pairs / r["int_ops"] + pairs / r["fp32_ops"]), 0, 0),
+        ("producer", "bf16 tile to shared memory", "shared memory", kv_tile / r["smem_bytes"], kv_tile, 0),
+        ("producer", f"gather: {block_n // chunk} chunk round trips", "latency (L2 hits)",
+         block_n // chunk * chunk_round_trip_us[0] * r["clock_ghz"] * 1e3, 0, 0),
+    ]
+    out = [dict(who=w, step=s, bound=b, cycles=c, smem_bytes=m, flops=f) for w, s, b, c, m, f in rows]
+    out[-1]["cycles_high"] = block_n // chunk * chunk_round_trip_us[1] * r["clock_ghz"] * 1e3
+    for row in out:
+        row["us"] = row["cycles"] / (r["clock_ghz"] * 1e3)
+    return out
+
+
+def hopper_timeline(budget: list[dict], tiles=4, num_buf=2, chunks=4, cold_us=1.1, clock_ghz=1.98) -> list[dict]:
+    """The schedule of :func:`hopper_tile_budget` over ``tiles`` tiles of one program, as segments
+    (lane, tile, what, start, end in cycles): the producer's chunk loads (latency; the first chunk of
+    the first tile also pays ``cold_us`` from HBM), its dequant + stores of each chunk (overlapping
+    the next chunk's loads), and the consumers' three steps. The producer waits for a free ring
+    buffer (num_buf), the consumers for a full one. A model at ideal issue, not a trace."""
+    prod = [row for row in budget if row["who"] == "producer"]
+    load = prod[-1]["cycles"] / chunks
+    alu = max(prod[0]["cycles"], prod[1]["cycles"]) / chunks
+    cons = [row for row in budget if row["who"] == "consumers"]
+    segs, ready, done, p_end = [], [], [], 0.0
+    for i in range(tiles):
+        t = max(p_end, done[i - num_buf] if i >= num_buf else 0.0)
+        alu_end = t
+        for c in range(chunks):
+            dt = load + (cold_us * clock_ghz * 1e3 if i == 0 and c == 0 else 0.0)
+            segs.append(dict(lane="producer: loads in flight", tile=i, what="gather", start=t, end=t + dt))
+            t += dt
+            s = max(t, alu_end)
+            segs.append(dict(lane="producer: dequant + st.shared", tile=i, what="dequant", start=s, end=s + alu))
+            alu_end = s + alu
+        p_end = alu_end
+        ready.append(p_end)
+        t = max(ready[i], done[i - 1] if i else 0.0)
+        for row in cons:
+            segs.append(dict(lane="consumers (2 warp groups)", tile=i, what=row["step"], start=t,
+                             end=t + row["cycles"]))
+            t += row["cycles"]
+        done.append(t)
+    return segs
