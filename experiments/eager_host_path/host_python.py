@@ -12,8 +12,8 @@ GPU's bf16 outputs here too (``common.out_dtype`` patched), so the closing ``.to
 the no-op it is on the GPU instead of a CPU conversion of the whole output.
 
 Rows (``rows``), one per call: decode ``auto`` at B 1 / 32 / 128 and ``mma`` at B 32 (H 64, top-k
-512), the indexer step ``indexer_topk(impl="triton")`` at B 32 (H_i 64, top-512, max context
-262208); ``python_us``: microseconds per call, the fastest of 15 batches of ``calls`` calls
+512), the indexer step ``indexer_topk(impl="triton")`` at B 32 (H_i 64, top-512, 8192 live, max context
+65536: see ``cases``); ``python_us``: microseconds per call, the fastest of 15 batches of ``calls`` calls
 (``python_us_median``: the median batch);
 ``launches``: Triton launches per call. ``--profile`` adds the top functions of a cProfile of each
 call (``profile``: [function, calls, own s, cumulative s] over the profiled calls). It is a CPU measurement of the
@@ -125,7 +125,9 @@ def cases(smoke: bool) -> list:
         inp = make_decode_inputs(B, H, K, context=ctx, seed=B)
         out.append((dict(op="sparse_decode", impl=impl, B=B, H=H, K=K),
                     lambda inp=inp, impl=impl: dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl=impl)))
-    B, Hi, L, k = (2, 8, 200, 16) if smoke else (32, 64, 262208, 512)
+    # max context 65536, not run.py's 262208: on the CPU a [32, 262208] fp32 torch.empty (33 MB) is an
+    # mmap + munmap every call (~15 us, and not every run), which the GPU's caching allocator does not pay
+    B, Hi, L, k = (2, 8, 200, 16) if smoke else (32, 64, 65536, 512)
     inp = make_indexer_inputs(B, Hi, L, seq_lens=64 if smoke else 8192, seed=13)
     out.append((dict(op="indexer_topk", impl="triton", B=B, max_seq_len=L, topk=k),
                 lambda: dsv4lab.indexer_topk(*inp.args(), max_seq_len=L, topk=k, impl="triton")))
