@@ -249,7 +249,7 @@ def alloc(shape, dtype, device) -> torch.Tensor:
 
 
 def finish(out: torch.Tensor) -> torch.Tensor:
-    return out.to(torch.bfloat16)
+    return out if out.dtype == torch.bfloat16 else out.to(torch.bfloat16)
 
 
 assert DATA_BYTES == 576 and SCALE_BYTES == 8 and HEAD_DIM == 512 and NOPE_DIM == 448

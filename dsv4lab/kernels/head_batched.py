@@ -250,13 +250,13 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, opts: Lau
     grid, split_len, consts = _launch_args(opts, B, H, K, D, cache.page_size, cache.page_bytes,
                                            topk_len is not None, attn_sink is not None, split_len)
     fp8, u8, bf16 = cache_views(cache)
+    sq, so = q.stride(), out.stride()              # one call each: every stride() call costs host time
     _head_batched_kernel[grid](
         q, fp8, u8, bf16, indices,
         topk_len if topk_len is not None else lse,
         attn_sink if attn_sink is not None else lse,
         out, lse, errors.word(q.device), sm_scale * LOG2E, K, H, split_len, token_limit(cache),
-        q.stride(0), q.stride(1), indices.stride(0), out.stride(0), out.stride(1),
-        out.stride(2) if split else 0, **consts)
+        sq[0], sq[1], indices.stride(0), so[0], so[1], so[2] if split else 0, **consts)
 
 
 @functools.lru_cache(maxsize=1024)

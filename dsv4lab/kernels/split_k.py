@@ -112,9 +112,10 @@ def combine_warps(partials: torch.dtype) -> int:
 def combine(o_part, lse_part, attn_sink, out, lse, *, pdl=False, heads=None, num_warps=None):
     B, H, nsplit, D = o_part.shape
     grid, consts = _combine_args(B, H, nsplit, D, o_part.dtype, attn_sink is not None, pdl, heads, num_warps)
+    sp, so = o_part.stride(), out.stride()
     _combine_kernel[grid](
         o_part, lse_part, attn_sink if attn_sink is not None else lse, out, lse, errors.word(out.device), H, nsplit,
-        o_part.stride(0), o_part.stride(1), o_part.stride(2), out.stride(0), out.stride(1), **consts)
+        sp[0], sp[1], sp[2], so[0], so[1], **consts)
 
 
 @functools.lru_cache(maxsize=1024)

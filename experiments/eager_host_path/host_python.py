@@ -13,7 +13,7 @@ the no-op it is on the GPU instead of a CPU conversion of the whole output.
 
 Rows (``rows``), one per call: decode ``auto`` at B 1 / 32 / 128 and ``mma`` at B 32 (H 64, top-k
 512), the indexer step ``indexer_topk(impl="triton")`` at B 32 (H_i 64, top-512, 8192 live, max context
-65536: see ``cases``); ``python_us``: microseconds per call, the fastest of 15 batches of ``calls`` calls
+65536: see ``cases``); ``python_us``: microseconds per call, the fastest of 40 batches of ``calls`` calls
 (``python_us_median``: the median batch);
 ``launches``: Triton launches per call. ``--profile`` adds the top functions of a cProfile of each
 call (``profile``: [function, calls, own s, cumulative s] over the profiled calls). It is a CPU measurement of the
@@ -84,7 +84,7 @@ def stubbed():
             f.cache_clear()
 
 
-def python_us(fn, calls: int, batches: int = 15) -> dict:
+def python_us(fn, calls: int, batches: int = 40) -> dict:
     """Microseconds per call of ``fn`` over ``batches`` batches of ``calls`` calls: the fastest batch
     (``python_us``: what the Python costs when nothing else competes for the core, as timeit reports)
     and the median batch (``python_us_median``)."""
@@ -137,7 +137,7 @@ def cases(smoke: bool) -> list:
 def main(argv=None):
     a = ab.parse_args(__doc__, add=lambda p: p.add_argument("--profile", action="store_true",
                                                             help="add a cProfile of each call"), argv=argv)
-    calls = 5 if a.cpu_smoke else 500
+    calls = 5 if a.cpu_smoke else 100
     rows = []
     with stubbed():
         for row, fn in cases(a.cpu_smoke):
