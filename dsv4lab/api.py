@@ -159,6 +159,8 @@ def softmax_scale(value, name: str = "sm_scale") -> float:
 
 
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
+#: what check_sparse_decode_args calls the arguments in its messages unless told otherwise
+_NAMES = {"cache": "cache", "indices": "indices", "topk_len": "topk_len", "sm_scale": "sm_scale"}
 
 
 def check_sparse_decode_args(q, cache, indices, topk_len, sm_scale, attn_sink, checks="device",
@@ -169,9 +171,9 @@ def check_sparse_decode_args(q, cache, indices, topk_len, sm_scale, attn_sink, c
     ``max_scale_byte``: the impl's ``(B, H, K) -> largest scale byte it reads correctly, or None``
     (named in the message on a scale byte past the packers' limit). ``names``: what the caller calls
     ``cache``, ``indices``, ``topk_len`` and ``sm_scale`` (for the messages). B = 0 is accepted
-    (``empty_batch_ok`` is kept for callers that pass it)."""
+    (``empty_batch_ok`` is kept for callers that pass it). Returns the softmax scale as a float."""
     mode = _mode(checks)
-    n = {"cache": "cache", "indices": "indices", "topk_len": "topk_len", "sm_scale": "sm_scale", **(names or {})}
+    n = {**_NAMES, **names} if names else _NAMES
     if not isinstance(cache, KVCache):
         raise TypeError(f"{n['cache']} must be a dsv4lab.cache.KVCache (from pack_kv), got {type(cache).__name__}")
     dev = cache.device
@@ -186,10 +188,11 @@ def check_sparse_decode_args(q, cache, indices, topk_len, sm_scale, attn_sink, c
         _tensor(n["topk_len"], topk_len, dim=1, dtypes=(torch.int32,), device=dev, shape=(B,))
     if attn_sink is not None:
         _tensor("attn_sink", attn_sink, dim=1, dtypes=_FLOATS, device=dev, shape=(H,))
-    softmax_scale(sm_scale, n["sm_scale"])
+    scale = softmax_scale(sm_scale, n["sm_scale"])
     if mode == "sync" and B > 0 and indices.shape[1] > 0 and not _capturing(q):
         _sync_decode_checks(q, cache, indices, topk_len, attn_sink, n,
                             max_scale_byte(B, H, indices.shape[1]) if max_scale_byte else None)
+    return scale
 
 
 def _first(mask: torch.Tensor) -> tuple:
@@ -298,8 +301,8 @@ def sparse_decode(q, cache, indices, *, topk_len=None, sm_scale=None, attn_sink=
     """
     entry = _pick("sparse_decode", impl)
     mode = checks_mode(checks, check_ranges)
-    check_sparse_decode_args(q, cache, indices, topk_len, sm_scale, attn_sink, mode, entry.max_scale_byte)
-    return entry.fn(q, cache, indices, topk_len=topk_len, sm_scale=softmax_scale(sm_scale), attn_sink=attn_sink)
+    scale = check_sparse_decode_args(q, cache, indices, topk_len, sm_scale, attn_sink, mode, entry.max_scale_byte)
+    return entry.fn(q, cache, indices, topk_len=topk_len, sm_scale=scale, attn_sink=attn_sink)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:

@@ -71,6 +71,8 @@ def _check_tokens(name, x, width):
 
 def int_arg(name, v, lo=None) -> int:
     """An int argument: Python, numpy and 0-d torch integers are accepted, bools and floats are not."""
+    if type(v) is int and (lo is None or v >= lo):        # the common case, on every call of an op
+        return v
     if isinstance(v, torch.Tensor) and v.dim() == 0 and not v.is_floating_point() and v.dtype != torch.bool:
         v = int(v)
     want = {0: "a non-negative int", 1: "a positive int"}.get(lo, "an int" if lo is None else f"an int >= {lo}")
@@ -299,6 +301,13 @@ class IndexKCache:
     @property
     def device(self) -> torch.device:
         return self.kv.device
+
+    @functools.cached_property
+    def flat_views(self) -> tuple:
+        """(float8_e4m3fn, float32) flat views of the bytes: the Triton indexer's two pointers (fp8
+        keys, fp32 page scales), made once per cache."""
+        raw = self.kv.reshape(-1)
+        return raw.view(torch.float8_e4m3fn), raw.view(torch.float32)
 
     def to(self, device) -> "IndexKCache":
         return IndexKCache(self.kv.to(device), self.num_tokens, self.page_size)

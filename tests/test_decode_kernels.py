@@ -235,3 +235,14 @@ def test_in_graph_timing_refuses_the_interpreter():
         pytest.skip("on a GPU it times")
     with pytest.raises(RuntimeError, match="timings need a CUDA GPU"):
         bench.time_per_call_in_graph_ms([lambda: None])
+
+
+def test_host_cdiv_and_next_power_of_2_match_triton():
+    # the launchers' host arithmetic (kernels.common) gives what triton.cdiv / next_power_of_2 give
+    import triton
+    from dsv4lab.kernels import common
+    for a in range(0, 200):
+        for b in (1, 2, 3, 16, 64, 128):
+            assert common.cdiv(a, b) == triton.cdiv(a, b), (a, b)
+    for n in list(range(0, 1100)) + [2**20 - 1, 2**20, 2**20 + 1, 262208]:
+        assert common.next_power_of_2(n) == triton.next_power_of_2(n), n

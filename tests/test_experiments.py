@@ -34,6 +34,7 @@ RUNNABLE = {
     "tile_sweep/tile_sweep.py": [],
     "sglang_patch/run.py": ["--cpu-smoke"],
     "eager_host_path/run.py": [],
+    "eager_host_path/host_python.py": ["--profile"],
     "compute_sanitizer/run.py": [],
 }
 #: run in a process of its own: it compiles (DSV4LAB_MODE=compile) instead of interpreting

@@ -224,6 +224,17 @@ def out_dtype() -> torch.dtype:
     return torch.float32 if is_interpret() else torch.bfloat16
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) of host ints. Host code around a launch uses this, not triton.cdiv: in recent
+    Triton that is a constexpr function costing microseconds a call on the host."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (0 for n = 0, as triton.next_power_of_2), for host ints."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
 _POISON = [False]
 
 
@@ -238,7 +249,7 @@ def alloc(shape, dtype, device) -> torch.Tensor:
 
 
 def finish(out: torch.Tensor) -> torch.Tensor:
-    return out.to(torch.bfloat16)
+    return out if out.dtype == torch.bfloat16 else out.to(torch.bfloat16)
 
 
 assert DATA_BYTES == 576 and SCALE_BYTES == 8 and HEAD_DIM == 512 and NOPE_DIM == 448

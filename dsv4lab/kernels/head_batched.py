@@ -21,6 +21,8 @@ Two kernels share that body:
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -28,9 +30,9 @@ import triton.language as tl
 from .. import errors
 from ..api import register
 from ..planning import STORY_TILES, Launch, choose_tiles, launch_for, per_shape
-from .common import (INDEX_FLAG, LOG2E, MAX_SCALE_BYTE, NONFINITE_FLAG, SINK_FLAG, alloc, cache_views, dequant_kv,
-                     dot_dtype, finish, gather_kv_tile, in_cache, load_kv_raw, out_dtype, prefetch_kv_l2_bulk,
-                     row_length, token_limit)
+from .common import (INDEX_FLAG, LOG2E, MAX_SCALE_BYTE, NONFINITE_FLAG, SINK_FLAG, alloc, cache_views, cdiv,
+                     dequant_kv, dot_dtype, finish, gather_kv_tile, in_cache, load_kv_raw, out_dtype,
+                     prefetch_kv_l2_bulk, row_length, token_limit)
 
 
 @triton.jit
@@ -240,30 +242,38 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, opts: Lau
     """Launch the tuned kernel with ``opts`` (planning.Launch). With opts.nsplit > 1, ``out`` /
     ``lse`` are split-K's partial workspaces [B, H, NSPLIT, 512] / [B, H, NSPLIT] and the sink
     belongs to the merge (``attn_sink`` must be None here)."""
-    from ..device import is_interpret
     B, H, D = q.shape
     K = indices.shape[1]
-    cfg = opts.tiles
     split = opts.nsplit > 1
     if split and attn_sink is not None:
         raise ValueError("attn_sink: a split launch writes partials; the sink is applied by the merge")
-    if split_len is None:
-        split_len = triton.cdiv(triton.cdiv(K, opts.nsplit), cfg.block_n) * cfg.block_n
+    grid, split_len, consts = _launch_args(opts, B, H, K, D, cache.page_size, cache.page_bytes,
+                                           topk_len is not None, attn_sink is not None, split_len)
     fp8, u8, bf16 = cache_views(cache)
-    grid = (B, triton.cdiv(H, cfg.block_h), opts.nsplit)
+    sq, so = q.stride(), out.stride()              # one call each: every stride() call costs host time
     _head_batched_kernel[grid](
         q, fp8, u8, bf16, indices,
         topk_len if topk_len is not None else lse,
         attn_sink if attn_sink is not None else lse,
         out, lse, errors.word(q.device), sm_scale * LOG2E, K, H, split_len, token_limit(cache),
-        q.stride(0), q.stride(1), indices.stride(0), out.stride(0), out.stride(1),
-        out.stride(2) if split else 0,
-        PAGE_SIZE=cache.page_size, PAGE_BYTES=cache.page_bytes,
-        HAS_TOPK_LEN=topk_len is not None, HAS_SINK=attn_sink is not None, SPLIT=split,
-        BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, D=D, NOPE=448, DOT=dot_dtype(),
-        LOOP=LOOP_CODE[cfg.loop], L2_HINT=not is_interpret(),
-        LAUNCH_DEPENDENTS=opts.pdl, DEQUANT_BITS=opts.dequant == "bits", FOLD_SCALE=opts.fold_scale,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        sq[0], sq[1], indices.stride(0), so[0], so[1], so[2] if split else 0, **consts)
+
+
+@functools.lru_cache(maxsize=1024)
+def _launch_args(opts: Launch, B, H, K, D, page_size, page_bytes, has_topk_len, has_sink, split_len):
+    """(grid, split_len, constexprs and launch options) of a launch: shapes and options only, so
+    decided once per shape rather than rebuilt on every eager call."""
+    from ..device import is_interpret
+    cfg = opts.tiles
+    if split_len is None:
+        split_len = cdiv(cdiv(K, opts.nsplit), cfg.block_n) * cfg.block_n
+    consts = dict(PAGE_SIZE=page_size, PAGE_BYTES=page_bytes,
+                  HAS_TOPK_LEN=has_topk_len, HAS_SINK=has_sink, SPLIT=opts.nsplit > 1,
+                  BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, D=D, NOPE=448, DOT=dot_dtype(),
+                  LOOP=LOOP_CODE[cfg.loop], L2_HINT=not is_interpret(),
+                  LAUNCH_DEPENDENTS=opts.pdl, DEQUANT_BITS=opts.dequant == "bits", FOLD_SCALE=opts.fold_scale,
+                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return (B, cdiv(H, cfg.block_h), opts.nsplit), split_len, consts
 
 
 def max_scale_byte(opts: Launch):
@@ -298,7 +308,7 @@ def sparse_decode_story(q, cache, indices, *, topk_len, sm_scale, attn_sink, til
     out = alloc((B, H, D), out_dtype(), q.device)
     lse = alloc((B, H), torch.float32, q.device)
     fp8, u8, bf16 = cache_views(cache)
-    _story_kernel[(B, triton.cdiv(H, tiles.block_h))](
+    _story_kernel[(B, cdiv(H, tiles.block_h))](
         q, fp8, u8, bf16, indices,
         topk_len if topk_len is not None else lse,
         attn_sink if attn_sink is not None else lse,

@@ -28,6 +28,7 @@ contract), so the registered step needs no separate guard launch.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, replace
 
 import torch
@@ -37,7 +38,7 @@ import triton.language as tl
 from ..api import register
 from ..cache import INDEX_DIM, IndexKCache
 from ..device import info, is_interpret
-from .common import alloc, dot_dtype
+from .common import alloc, cdiv, dot_dtype, next_power_of_2
 from .topk import TopkLaunch, topk_triton
 
 
@@ -226,18 +227,25 @@ def logits_triton(q, index_cache: IndexKCache, weights, seq_lens, page_table, ma
     out = alloc((B, max_seq_len), torch.float32, q.device)
     if B == 0:
         return out
-    dot, round16 = _dot(launch)
-    raw = index_cache.kv.reshape(-1)
-    g = (B, nprog) if nprog is not None else grid(B, max_seq_len, index_cache.page_size, launch.programs_per_sm)
+    g, consts = _logits_args(launch, B, H, D, max_seq_len, index_cache.page_size, nprog, fill_dead)
+    fp8, f32 = index_cache.flat_views
     _indexer_kernel[g](
-        q, weights, raw.view(torch.float8_e4m3fn), raw.view(torch.float32), seq_lens, page_table, out, max_seq_len,
+        q, weights, fp8, f32, seq_lens, page_table, out, max_seq_len,
         index_cache.num_pages, page_table.shape[1],
-        q.stride(0), q.stride(1), weights.stride(0), page_table.stride(0), out.stride(0),
-        H=H, HP=max(16, triton.next_power_of_2(H)), D=D, PAGE=index_cache.page_size, FILL=FILL, DOT=dot,
-        PREFETCH=launch.prefetch, FILL_DEAD=fill_dead, ROUND_FP16=round16,
-        num_warps=launch.num_warps, num_stages=launch.num_stages,
-        **({"maxnreg": launch.maxnreg} if launch.maxnreg else {}))
+        q.stride(0), q.stride(1), weights.stride(0), page_table.stride(0), out.stride(0), **consts)
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _logits_args(launch: LogitsLaunch, B, H, D, max_seq_len, page_size, nprog, fill_dead):
+    """(grid, constexprs and launch options) of a logits launch: shapes and options only, decided
+    once per shape rather than on every eager call."""
+    dot, round16 = _dot(launch)
+    g = (B, nprog) if nprog is not None else grid(B, max_seq_len, page_size, launch.programs_per_sm)
+    return g, dict(H=H, HP=max(16, next_power_of_2(H)), D=D, PAGE=page_size, FILL=FILL, DOT=dot,
+                   PREFETCH=launch.prefetch, FILL_DEAD=fill_dead, ROUND_FP16=round16,
+                   num_warps=launch.num_warps, num_stages=launch.num_stages,
+                   **({"maxnreg": launch.maxnreg} if launch.maxnreg else {}))
 
 
 def topk_step(q, index_cache: IndexKCache, weights, seq_lens, page_table, max_seq_len: int, k: int, *,

@@ -15,6 +15,8 @@ with the launch-time model in planning.plans.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -23,7 +25,7 @@ from .. import errors
 from ..api import register
 from ..planning import Launch, choose, choose_split, launch_of_plan, per_shape
 from . import common, head_batched
-from .common import NONFINITE_FLAG, SINK_FLAG, alloc, finish, out_dtype
+from .common import NONFINITE_FLAG, SINK_FLAG, alloc, cdiv, finish, next_power_of_2, out_dtype
 
 
 @triton.jit
@@ -109,18 +111,25 @@ def combine_warps(partials: torch.dtype) -> int:
 
 def combine(o_part, lse_part, attn_sink, out, lse, *, pdl=False, heads=None, num_warps=None):
     B, H, nsplit, D = o_part.shape
-    heads = heads or COMBINE_HEADS
-    num_warps = num_warps or combine_warps(o_part.dtype)
-    split_p2 = triton.next_power_of_2(nsplit)
-    vec = 16 // o_part.element_size()              # elements a thread loads at once
-    # a slice's chunk spans every thread, so the sum over slices stays in registers (not shared memory)
-    dchunk = max(merge_chunk(heads, split_p2, num_warps, D, per_thread=128 // o_part.element_size()),
-                 min(D, 32 * num_warps * vec // heads))
-    _combine_kernel[(B, triton.cdiv(H, heads))](
+    grid, consts = _combine_args(B, H, nsplit, D, o_part.dtype, attn_sink is not None, pdl, heads, num_warps)
+    sp, so = o_part.stride(), out.stride()
+    _combine_kernel[grid](
         o_part, lse_part, attn_sink if attn_sink is not None else lse, out, lse, errors.word(out.device), H, nsplit,
-        o_part.stride(0), o_part.stride(1), o_part.stride(2), out.stride(0), out.stride(1),
-        HAS_SINK=attn_sink is not None, SPLIT_P2=split_p2, D=D, HEADS=heads, DCHUNK=dchunk,
-        num_warps=num_warps, **(dict(USE_GDC=True, launch_pdl=True) if pdl else {}))
+        sp[0], sp[1], sp[2], so[0], so[1], **consts)
+
+
+@functools.lru_cache(maxsize=1024)
+def _combine_args(B, H, nsplit, D, partials: torch.dtype, has_sink, pdl, heads, num_warps):
+    """(grid, constexprs and launch options) of the combine: shapes only, decided once per shape."""
+    heads = heads or COMBINE_HEADS
+    num_warps = num_warps or combine_warps(partials)
+    split_p2 = next_power_of_2(nsplit)
+    vec = 16 // partials.itemsize                  # elements a thread loads at once
+    # a slice's chunk spans every thread, so the sum over slices stays in registers (not shared memory)
+    dchunk = max(merge_chunk(heads, split_p2, num_warps, D, per_thread=128 // partials.itemsize),
+                 min(D, 32 * num_warps * vec // heads))
+    return (B, cdiv(H, heads)), dict(HAS_SINK=has_sink, SPLIT_P2=split_p2, D=D, HEADS=heads, DCHUNK=dchunk,
+                                     num_warps=num_warps, **(dict(USE_GDC=True, launch_pdl=True) if pdl else {}))
 
 
 _WORKSPACE: dict = {}
@@ -130,7 +139,7 @@ def workspace(B, H, nsplit, device, partials: str = "float32"):
     """Partials (o [B, H, NSPLIT, 512] in ``partials``, lse [B, H, NSPLIT] fp32), allocated once
     per shape and reused (a CUDA graph captures their addresses). One workspace per shape: two
     split-K calls of one shape must not run concurrently on different streams."""
-    key = (str(device), B, H, nsplit, partials)
+    key = (device if isinstance(device, torch.device) else torch.device(device), B, H, nsplit, partials)
     if key not in _WORKSPACE:
         _WORKSPACE[key] = (torch.empty(B, H, nsplit, 512, dtype=getattr(torch, partials), device=device),
                            torch.empty(B, H, nsplit, dtype=torch.float32, device=device))

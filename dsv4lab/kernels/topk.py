@@ -41,6 +41,7 @@ Ascending positions, not descending logits: the sparse decode reads the chosen t
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 
 import torch
@@ -49,7 +50,7 @@ import triton.language as tl
 
 from .. import errors
 from ..device import info, is_interpret
-from .common import alloc, live_length
+from .common import alloc, live_length, next_power_of_2
 
 
 @dataclass(frozen=True)
@@ -274,20 +275,13 @@ def topk_triton(logits: torch.Tensor, seq_lens: torch.Tensor, k: int, *, launch:
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
     launch = launch or TOPK
-    if launch.tile & (launch.tile - 1) or not 32 <= launch.tile <= 32768 or launch.radix not in (5, 6, 7, 8) \
-            or not 0 <= launch.anchor <= 16:
-        raise ValueError(f"tile must be a power of two in [32, 32768], radix in 5..8 and anchor in 0..16, got {launch}")
-    S = launch.split or split_for(B, width, k, 2 if is_interpret() else info().sm_count, launch.tile)
-    if S & (S - 1) or not 1 <= S <= launch.tile // 32:
-        raise ValueError(f"split must be a power of two in [1, tile / 32 = {launch.tile // 32}], got {S}")
+    guard = pages is not None
+    table, num_pages, page_size = pages if guard else (seq_lens, 0, 64)
+    S, opts = _topk_args(launch, B, width, k, page_size)
     out = alloc((B, k), torch.int32, logits.device)
     if B == 0:
         return out
-    guard = pages is not None
-    table, num_pages, page_size = pages if guard else (seq_lens, 0, 64)
     err = errors.word(logits.device) if guard else seq_lens
-    opts = dict(RADIX=launch.radix, OUT_BLOCK=min(OUT_BLOCK, triton.next_power_of_2(k)), ANCHOR=launch.anchor,
-                PAGE=page_size, num_warps=launch.num_warps)
     pt_stride = table.stride(0) if guard else 0
     if S == 1:
         _topk_kernel[(B, 1)](logits, seq_lens, out, out, table, err, width, k, logits.stride(0), out.stride(0),
@@ -298,5 +292,19 @@ def topk_triton(logits: torch.Tensor, seq_lens: torch.Tensor, k: int, *, launch:
     _topk_kernel[(B, S)](logits, seq_lens, pos, val, table, err, width, k, logits.stride(0), pos.stride(0),
                          num_pages, pt_stride, TILE=launch.tile // S, STAGE=1, GUARD=guard, **opts)
     _topk_kernel[(B, 1)](val, seq_lens, out, pos, table, err, S * k, k, val.stride(0), out.stride(0),
-                         num_pages, 0, TILE=min(launch.tile, triton.next_power_of_2(S * k)), STAGE=2, **opts)
+                         num_pages, 0, TILE=min(launch.tile, next_power_of_2(S * k)), STAGE=2, **opts)
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _topk_args(launch: TopkLaunch, B, width, k, page_size):
+    """(S, the launches' shared constexprs and options) for a shape, after checking ``launch``: shapes
+    and options only, decided once per shape rather than on every eager call."""
+    if launch.tile & (launch.tile - 1) or not 32 <= launch.tile <= 32768 or launch.radix not in (5, 6, 7, 8) \
+            or not 0 <= launch.anchor <= 16:
+        raise ValueError(f"tile must be a power of two in [32, 32768], radix in 5..8 and anchor in 0..16, got {launch}")
+    S = launch.split or split_for(B, width, k, 2 if is_interpret() else info().sm_count, launch.tile)
+    if S & (S - 1) or not 1 <= S <= launch.tile // 32:
+        raise ValueError(f"split must be a power of two in [1, tile / 32 = {launch.tile // 32}], got {S}")
+    return S, dict(RADIX=launch.radix, OUT_BLOCK=min(OUT_BLOCK, next_power_of_2(k)), ANCHOR=launch.anchor,
+                   PAGE=page_size, num_warps=launch.num_warps)
