@@ -332,7 +332,6 @@ def story_fact(figure: str) -> str:
 def story_glue_ops() -> dict[str, float]:
     """The story's breakdown of the glue by aten op after the MMA kernel, {"aten::copy_": 35.0, ...}
     (percent of the glue), parsed from its story_facts line."""
-    import re
     text = story_fact("glue breakdown (op share of glue)")
     ops = {}
     for m in re.finditer(r"(aten::)?(\w+) ([\d.]+)%", text):
@@ -344,7 +343,6 @@ def story_glue_ops() -> dict[str, float]:
 
 def story_pair(figure: str) -> tuple[float, float]:
     """The two numbers of a published "~a -> ~b" figure (e.g. the marginal per-request cost)."""
-    import re
     nums = re.findall(r"[\d.]+", story_fact(figure))
     if len(nums) != 2:
         raise ValueError(f"story figure {figure!r} is not 'a -> b': {story_fact(figure)!r}")

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from ..cache import DATA_BYTES, HEAD_DIM, NOPE_DIM, SCALE_BYTES
-from ..device import info, is_interpret
+from ..device import is_interpret
 from ..errors import Flag
 
 LOG2E = 1.4426950408889634
@@ -66,6 +66,26 @@ def live_length(SEQ, PT, b, max_seq_len, num_pages, stride_pb, PAGE: tl.constexp
         first = tl.minimum(first, tl.min(tl.where(bad, p, live), axis=0))
     flags |= tl.where(first < live, PAGE_FLAG, 0)
     return tl.minimum(seq, first * PAGE), flags
+
+
+def decode_call(q, cache, indices, topk_len, attn_sink, sm_scale):
+    """What the one-pass decode kernels (SIMT and the story's head-batched one) share: contiguous q
+    and indices, fresh out / lse, and their common arguments in kernel order
+    ``(args, constexprs)``; absent topk_len / sink are replaced by a dummy pointer (lse) that a
+    False HAS_* flag never reads."""
+    from .. import errors
+    B, H, D = q.shape
+    q, indices = q.contiguous(), indices.contiguous()
+    out = alloc((B, H, D), out_dtype(), q.device)
+    lse = alloc((B, H), torch.float32, q.device)
+    fp8, u8, bf16 = cache_views(cache)
+    args = (q, fp8, u8, bf16, indices, topk_len if topk_len is not None else lse,
+            attn_sink if attn_sink is not None else lse, out, lse, errors.word(q.device), sm_scale * LOG2E,
+            indices.shape[1], H, token_limit(cache),
+            q.stride(0), q.stride(1), indices.stride(0), out.stride(0), out.stride(1))
+    constexprs = dict(PAGE_SIZE=cache.page_size, PAGE_BYTES=cache.page_bytes, HAS_TOPK_LEN=topk_len is not None,
+                      HAS_SINK=attn_sink is not None, D=D, NOPE=448)
+    return args, constexprs, out, lse
 
 
 def token_limit(cache) -> int:

@@ -30,7 +30,7 @@ import triton.language as tl
 from .. import errors
 from ..api import register
 from ..planning import STORY_TILES, Launch, choose_tiles, launch_for, per_shape
-from .common import (INDEX_FLAG, LOG2E, MAX_SCALE_BYTE, NONFINITE_FLAG, SINK_FLAG, alloc, cache_views, cdiv,
+from .common import (INDEX_FLAG, LOG2E, MAX_SCALE_BYTE, NONFINITE_FLAG, SINK_FLAG, alloc, cache_views, cdiv, decode_call,
                      dequant_kv, dot_dtype, finish, gather_kv_tile, in_cache, load_kv_raw, out_dtype,
                      prefetch_kv_l2_bulk, row_length, token_limit)
 
@@ -302,20 +302,9 @@ def sparse_decode_mma(q, cache, indices, *, topk_len, sm_scale, attn_sink, opts:
 @register("sparse_decode", "mma_story", stage="S1",
           description="the story's stage-2 kernel: BLOCK_H 32 (2 programs per request at H=64), plain loop")
 def sparse_decode_story(q, cache, indices, *, topk_len, sm_scale, attn_sink, tiles=STORY_TILES):
-    B, H, D = q.shape
-    q = q.contiguous()
-    indices = indices.contiguous()
-    out = alloc((B, H, D), out_dtype(), q.device)
-    lse = alloc((B, H), torch.float32, q.device)
-    fp8, u8, bf16 = cache_views(cache)
+    B, H, _ = q.shape
+    args, constexprs, out, lse = decode_call(q, cache, indices, topk_len, attn_sink, sm_scale)
     _story_kernel[(B, cdiv(H, tiles.block_h))](
-        q, fp8, u8, bf16, indices,
-        topk_len if topk_len is not None else lse,
-        attn_sink if attn_sink is not None else lse,
-        out, lse, errors.word(q.device), sm_scale * LOG2E, indices.shape[1], H, token_limit(cache),
-        q.stride(0), q.stride(1), indices.stride(0), out.stride(0), out.stride(1),
-        PAGE_SIZE=cache.page_size, PAGE_BYTES=cache.page_bytes,
-        HAS_TOPK_LEN=topk_len is not None, HAS_SINK=attn_sink is not None,
-        BLOCK_H=tiles.block_h, BLOCK_N=tiles.block_n, D=D, NOPE=448, DOT=dot_dtype(),
+        *args, **constexprs, BLOCK_H=tiles.block_h, BLOCK_N=tiles.block_n, DOT=dot_dtype(),
         num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     return finish(out), lse

@@ -8,14 +8,12 @@ accumulates p * V. The gathered KV is re-read by all H programs of a query:
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from .. import errors
 from ..api import register
-from .common import (INDEX_FLAG, LOG2E, NONFINITE_FLAG, SINK_FLAG, alloc, cache_views, finish, gather_kv_tile,
-                     in_cache, out_dtype, row_length, token_limit)
+from .common import (INDEX_FLAG, NONFINITE_FLAG, SINK_FLAG, decode_call, finish, gather_kv_tile, in_cache,
+                     row_length)
 
 BLOCK_T = 16
 NUM_WARPS = 4
@@ -72,20 +70,7 @@ def _simt_decode_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE, 
 @register("sparse_decode", "simt", stage="S0",
           description="the lab's SIMT kernel: one program per (batch, head), CUDA cores")
 def sparse_decode_simt(q, cache, indices, *, topk_len, sm_scale, attn_sink):
-    B, H, D = q.shape
-    q = q.contiguous()
-    indices = indices.contiguous()
-    out = alloc((B, H, D), out_dtype(), q.device)
-    lse = alloc((B, H), torch.float32, q.device)
-    fp8, u8, bf16 = cache_views(cache)
-    dummy = lse
-    _simt_decode_kernel[(B, H)](
-        q, fp8, u8, bf16, indices,
-        topk_len if topk_len is not None else dummy,
-        attn_sink if attn_sink is not None else dummy,
-        out, lse, errors.word(q.device), sm_scale * LOG2E, indices.shape[1], H, token_limit(cache),
-        q.stride(0), q.stride(1), indices.stride(0), out.stride(0), out.stride(1),
-        PAGE_SIZE=cache.page_size, PAGE_BYTES=cache.page_bytes,
-        HAS_TOPK_LEN=topk_len is not None, HAS_SINK=attn_sink is not None,
-        BLOCK_T=BLOCK_T, D=D, NOPE=448, num_warps=NUM_WARPS)
+    B, H, _ = q.shape
+    args, constexprs, out, lse = decode_call(q, cache, indices, topk_len, attn_sink, sm_scale)
+    _simt_decode_kernel[(B, H)](*args, **constexprs, BLOCK_T=BLOCK_T, num_warps=NUM_WARPS)
     return finish(out), lse
