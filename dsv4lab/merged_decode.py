@@ -101,11 +101,10 @@ def flash_mla_sparse_decode(q, k_cache, indices, topk_length, attn_sink, head_di
         parts.append((as_kv_cache(extra_k_cache, "extra_k_cache"), _indices("extra_indices", extra_indices, B),
                       extra_topk_length, _EXTRA_NAMES))
     for cache, idx, tlen, names in parts:
-        api.check_sparse_decode_args(q3, cache, idx, tlen, softmax_scale, None, mode,
-                                     entry.max_scale_byte, names=names, empty_batch_ok=True)
+        scale = api.check_sparse_decode_args(q3, cache, idx, tlen, softmax_scale, None, mode,
+                                             entry.max_scale_byte, names=names, empty_batch_ok=True)
     if attn_sink is not None:
         api.check_sink(attn_sink, q3, mode)
-    scale = HEAD_DIM ** -0.5 if softmax_scale is None else float(softmax_scale)
     H = q3.shape[1]
     if B == 0:
         out = torch.zeros(0, H, HEAD_DIM, dtype=torch.bfloat16, device=q3.device)

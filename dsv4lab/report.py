@@ -64,15 +64,9 @@ def indexer_table(run: str = "h200") -> str:
     return "\n".join(lines)
 
 
-def _replay(run: str = "h200") -> dict:
-    import json
-    path = runs.data_dir() / "runs" / run / "reproduce" / "reproduce.json"
-    return json.loads(path.read_text())
-
-
 def replay_run_line(run: str = "h200") -> str:
     """What the recorded replay ran: date, device, versions, the model's share and layer mix."""
-    d = _replay(run)
+    d = runs.replay(run)
     env, cfg = d["environment"], d["config"]
     return (f"Run {env['date'][:16]}Z on one {env['device']['name']} (torch {env['torch']}, triton {env['triton']}): "
             f"{cfg['name']}, {cfg['layers_window']} window-only + {cfg['layers_c4']} ratio-4 + {cfg['layers_c128']} "
@@ -82,7 +76,7 @@ def replay_run_line(run: str = "h200") -> str:
 
 def replay_throughput_table(run: str = "h200") -> str:
     """tok/s per stage at each C, the fit's marginal cost b and asymptote 1000 / b."""
-    d = _replay(run)["tables"]
+    d = runs.replay(run)["tables"]
     import pandas as pd
     tp = pd.DataFrame(d["throughput"])
     fits = {f["stage"]: f for f in d["fits"]}
@@ -100,7 +94,7 @@ def replay_throughput_table(run: str = "h200") -> str:
 def replay_shift_table(run: str = "h200", before: str = "S0", after: str = "S1") -> str:
     """The story's table, measured: kernel time by category before and after the MMA kernel at C = 32,
     beside the story's published shares."""
-    d = _replay(run)["tables"]
+    d = runs.replay(run)["tables"]
     rows = next(t["rows"] for t in d["transitions"] if t["before"] == before and t["after"] == after)
     story = runs.campaign("story_profile").set_index("kernel")
     key = {"sparse-MLA decode": "sparse-MLA decode", "FP32 SIMT GEMM": "FP32 SIMT GEMM",

@@ -14,6 +14,7 @@ import triton.language as tl
 
 from ..cache import DATA_BYTES, HEAD_DIM, NOPE_DIM, SCALE_BYTES
 from ..device import is_interpret
+from .. import errors
 from ..errors import Flag
 
 LOG2E = 1.4426950408889634
@@ -73,7 +74,6 @@ def decode_call(q, cache, indices, topk_len, attn_sink, sm_scale):
     and indices, fresh out / lse, and their common arguments in kernel order
     ``(args, constexprs)``; absent topk_len / sink are replaced by a dummy pointer (lse) that a
     False HAS_* flag never reads."""
-    from .. import errors
     B, H, D = q.shape
     q, indices = q.contiguous(), indices.contiguous()
     out = alloc((B, H, D), out_dtype(), q.device)

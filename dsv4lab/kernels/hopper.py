@@ -34,9 +34,9 @@ import triton
 from ..api import register
 from ..device import info, is_interpret, mode
 from ..planning import MAX_SPLIT
-from . import split_k
+from . import guards, split_k
 from .common import (E4M3_BAD_SCALE, E4M3_TO_BF16_ASM, L2_PREFETCH_ASM, LOG2E, MAX_SCALE_BYTE, alloc, cache_views,
-                     finish)
+                     finish, token_limit)
 
 try:                                    # Gluon exists on triton >= 3.4; the lab must import without it
     import triton.language as tl
@@ -343,8 +343,6 @@ def sparse_decode_hopper(q, cache, indices, *, topk_len, sm_scale, attn_sink, ns
     if why is not None:
         raise ValueError(f"impl='hopper' needs a CUDA GPU with sm_90 (Hopper) and triton's Gluon: {why}. "
                          f"Use impl='auto' instead")
-    from . import guards
-    from .common import token_limit
     B, H, D = q.shape
     q = q.contiguous()
     # the kernel trusts its indices and topk_len: the guard launch sets an index past the cache to
