@@ -181,3 +181,34 @@ def test_indexer_error_word_replayed(impl):
     # request 1: 4096 live tokens now, but its table holds -1 past its 16 pages: cut there
     assert torch.isfinite(res[1, :1024]).all() and torch.isneginf(res[1, 1024:]).all()
     assert torch.isfinite(res[2, :64]).all() and torch.isneginf(res[3]).all()
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU: the interpreter always takes Triton's launch path")
+def test_direct_launch_equals_triton_launch_and_respecializes_on_alignment():
+    """launch_kernel's direct path gives Triton's answers bitwise, and a q 2 bytes past a 16-byte
+    boundary gets its own compiled kernel (Triton specializes on 16-byte alignment)."""
+    from dsv4lab.kernels import common, head_batched
+    inp = make_decode_inputs(32, 64, 512, context=4096, seed=3)
+    run = lambda q: dsv4lab.sparse_decode(q, inp.cache, inp.indices, impl="mma")  # noqa: E731
+    with common.triton_launches():
+        want = run(inp.q)
+    for _ in range(3):                                  # the first may compile; the rest go direct
+        got = run(inp.q)
+        assert all(torch.equal(a, b) for a, b in zip(want, got))
+    buf = torch.empty(inp.q.numel() + 1, dtype=inp.q.dtype, device=inp.q.device)
+    q_odd = buf[1:].view(inp.q.shape)
+    q_odd.copy_(inp.q)
+    assert q_odd.data_ptr() % 16 != 0 and q_odd.is_contiguous()
+    aligned = {key[-1][0] for key in common._LAUNCHES if key[0] is head_batched._head_batched_kernel}
+    for _ in range(2):
+        got = run(q_odd)
+        assert all(torch.equal(a, b) for a, b in zip(want, got))
+    seen = {key[-1][0] for key in common._LAUNCHES if key[0] is head_batched._head_batched_kernel}
+    assert (torch.bfloat16, True) in aligned and (torch.bfloat16, False) in seen
+    inp_i = make_indexer_inputs(4, 64, 4096, seq_lens=[1, 700, 4096, 2049], seed=5)
+    step = lambda: dsv4lab.indexer_topk(*inp_i.args(), max_seq_len=4096, topk=512, impl="triton")  # noqa: E731
+    with common.triton_launches():
+        want_i = step()
+    for _ in range(3):
+        assert torch.equal(step(), want_i)
+    assert int(errors.read()) == 0

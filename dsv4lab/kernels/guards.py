@@ -14,12 +14,14 @@ word (dsv4lab.errors), exactly as the lab's decode kernels treat the same values
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from .. import errors
-from .common import INDEX_FLAG, SINK_FLAG, in_cache, live_length, row_length
+from .common import INDEX_FLAG, SINK_FLAG, in_cache, launch_kernel, live_length, row_length
 
 BLOCK = 1024
 
@@ -58,10 +60,10 @@ def sanitize_decode(indices, topk_len, attn_sink, num_tokens: int):
     out = torch.empty((B, K), dtype=torch.int32, device=indices.device)
     tlen = torch.empty_like(topk_len) if topk_len is not None else None
     H = attn_sink.shape[0] if attn_sink is not None else 0
-    _decode_guard_kernel[(B,)](
+    launch_kernel(_decode_guard_kernel, (B,), (
         indices, topk_len if topk_len is not None else out, attn_sink if attn_sink is not None else out,
         out, tlen if tlen is not None else out, errors.word(indices.device), K, H, min(num_tokens, 2**31 - 1),
-        indices.stride(0), HAS_TOPK_LEN=topk_len is not None, HAS_SINK=attn_sink is not None, BLOCK=BLOCK)
+        indices.stride(0)), _consts(HAS_TOPK_LEN=topk_len is not None, HAS_SINK=attn_sink is not None, BLOCK=BLOCK))
     return out, tlen
 
 
@@ -92,8 +94,17 @@ def sanitize_indexer(seq_lens, page_table, max_seq_len: int, num_pages: int, pag
         return seq_lens, page_table
     seq = torch.empty_like(seq_lens)
     table = torch.empty((B, P), dtype=torch.int32, device=page_table.device) if whole_table else page_table
-    _indexer_guard_kernel[(B,)](
+    launch_kernel(_indexer_guard_kernel, (B,), (
         seq_lens, page_table, seq, table, errors.word(seq_lens.device), max_seq_len, num_pages, P,
-        page_table.stride(0), PAGE=page_size, BLOCK=BLOCK, WHOLE_TABLE=whole_table)
+        page_table.stride(0)), _consts(PAGE=page_size, BLOCK=BLOCK, WHOLE_TABLE=whole_table))
     return seq, table
 
+
+@functools.lru_cache(maxsize=256)
+def _cached_consts(items: tuple) -> dict:
+    return dict(items)
+
+
+def _consts(**kw) -> dict:
+    """One dict object per set of constexprs, as launch_kernel wants."""
+    return _cached_consts(tuple(kw.items()))

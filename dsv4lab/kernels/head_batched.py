@@ -30,7 +30,7 @@ import triton.language as tl
 from .. import errors
 from ..api import register
 from ..planning import STORY_TILES, Launch, choose_tiles, launch_for, per_shape
-from .common import (INDEX_FLAG, LOG2E, MAX_SCALE_BYTE, NONFINITE_FLAG, SINK_FLAG, alloc, cache_views, cdiv, decode_call,
+from .common import (launch_kernel, INDEX_FLAG, LOG2E, MAX_SCALE_BYTE, NONFINITE_FLAG, SINK_FLAG, alloc, cache_views, cdiv, decode_call,
                      dequant_kv, dot_dtype, finish, gather_kv_tile, in_cache, load_kv_raw, out_dtype,
                      prefetch_kv_l2_bulk, row_length, token_limit)
 
@@ -251,12 +251,12 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, opts: Lau
                                            topk_len is not None, attn_sink is not None, split_len)
     fp8, u8, bf16 = cache_views(cache)
     sq, so = q.stride(), out.stride()              # one call each: every stride() call costs host time
-    _head_batched_kernel[grid](
+    launch_kernel(_head_batched_kernel, grid, (
         q, fp8, u8, bf16, indices,
         topk_len if topk_len is not None else lse,
         attn_sink if attn_sink is not None else lse,
         out, lse, errors.word(q.device), sm_scale * LOG2E, K, H, split_len, token_limit(cache),
-        sq[0], sq[1], indices.stride(0), so[0], so[1], so[2] if split else 0, **consts)
+        sq[0], sq[1], indices.stride(0), so[0], so[1], so[2] if split else 0), consts)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -38,7 +38,7 @@ import triton.language as tl
 from ..api import register
 from ..cache import INDEX_DIM, IndexKCache
 from ..device import info, is_interpret
-from .common import alloc, cdiv, dot_dtype, next_power_of_2
+from .common import alloc, cdiv, launch_kernel, dot_dtype, next_power_of_2
 from .topk import TopkLaunch, topk_triton
 
 
@@ -229,10 +229,10 @@ def logits_triton(q, index_cache: IndexKCache, weights, seq_lens, page_table, ma
         return out
     g, consts = _logits_args(launch, B, H, D, max_seq_len, index_cache.page_size, nprog, fill_dead)
     fp8, f32 = index_cache.flat_views
-    _indexer_kernel[g](
+    launch_kernel(_indexer_kernel, g, (
         q, weights, fp8, f32, seq_lens, page_table, out, max_seq_len,
         index_cache.num_pages, page_table.shape[1],
-        q.stride(0), q.stride(1), weights.stride(0), page_table.stride(0), out.stride(0), **consts)
+        q.stride(0), q.stride(1), weights.stride(0), page_table.stride(0), out.stride(0)), consts)
     return out
 
 

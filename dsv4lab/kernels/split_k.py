@@ -25,7 +25,7 @@ from .. import errors
 from ..api import register
 from ..planning import Launch, choose, choose_split, launch_of_plan, per_shape
 from . import common, head_batched
-from .common import NONFINITE_FLAG, SINK_FLAG, alloc, cdiv, finish, next_power_of_2, out_dtype
+from .common import NONFINITE_FLAG, SINK_FLAG, alloc, launch_kernel, cdiv, finish, next_power_of_2, out_dtype
 
 
 @triton.jit
@@ -113,9 +113,9 @@ def combine(o_part, lse_part, attn_sink, out, lse, *, pdl=False, heads=None, num
     B, H, nsplit, D = o_part.shape
     grid, consts = _combine_args(B, H, nsplit, D, o_part.dtype, attn_sink is not None, pdl, heads, num_warps)
     sp, so = o_part.stride(), out.stride()
-    _combine_kernel[grid](
+    launch_kernel(_combine_kernel, grid, (
         o_part, lse_part, attn_sink if attn_sink is not None else lse, out, lse, errors.word(out.device), H, nsplit,
-        sp[0], sp[1], sp[2], so[0], so[1], **consts)
+        sp[0], sp[1], sp[2], so[0], so[1]), consts)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -50,7 +50,7 @@ import triton.language as tl
 
 from .. import errors
 from ..device import info, is_interpret
-from .common import alloc, live_length, next_power_of_2
+from .common import alloc, launch_kernel, live_length, next_power_of_2
 
 
 @dataclass(frozen=True)
@@ -277,34 +277,38 @@ def topk_triton(logits: torch.Tensor, seq_lens: torch.Tensor, k: int, *, launch:
     launch = launch or TOPK
     guard = pages is not None
     table, num_pages, page_size = pages if guard else (seq_lens, 0, 64)
-    S, opts = _topk_args(launch, B, width, k, page_size)
+    S, single, chunks, merge = _topk_args(launch, B, width, k, page_size, guard)
     out = alloc((B, k), torch.int32, logits.device)
     if B == 0:
         return out
     err = errors.word(logits.device) if guard else seq_lens
     pt_stride = table.stride(0) if guard else 0
     if S == 1:
-        _topk_kernel[(B, 1)](logits, seq_lens, out, out, table, err, width, k, logits.stride(0), out.stride(0),
-                             num_pages, pt_stride, TILE=launch.tile, STAGE=0, GUARD=guard, **opts)
+        launch_kernel(_topk_kernel, (B, 1), (logits, seq_lens, out, out, table, err, width, k, logits.stride(0),
+                                             out.stride(0), num_pages, pt_stride), single)
         return out
     pos = alloc((B, S * k), torch.int32, logits.device)
     val = alloc((B, S * k), torch.float32, logits.device)
-    _topk_kernel[(B, S)](logits, seq_lens, pos, val, table, err, width, k, logits.stride(0), pos.stride(0),
-                         num_pages, pt_stride, TILE=launch.tile // S, STAGE=1, GUARD=guard, **opts)
-    _topk_kernel[(B, 1)](val, seq_lens, out, pos, table, err, S * k, k, val.stride(0), out.stride(0),
-                         num_pages, 0, TILE=min(launch.tile, next_power_of_2(S * k)), STAGE=2, **opts)
+    launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err, width, k, logits.stride(0),
+                                         pos.stride(0), num_pages, pt_stride), chunks)
+    launch_kernel(_topk_kernel, (B, 1), (val, seq_lens, out, pos, table, err, S * k, k, val.stride(0), out.stride(0),
+                                         num_pages, 0), merge)
     return out
 
 
 @functools.lru_cache(maxsize=1024)
-def _topk_args(launch: TopkLaunch, B, width, k, page_size):
-    """(S, the launches' shared constexprs and options) for a shape, after checking ``launch``: shapes
-    and options only, decided once per shape rather than on every eager call."""
+def _topk_args(launch: TopkLaunch, B, width, k, page_size, guard):
+    """(S, constexprs and options of the one-launch path, of the chunks and of the merge) for a
+    shape, after checking ``launch``: shapes and options only, decided once per shape rather than
+    on every eager call."""
     if launch.tile & (launch.tile - 1) or not 32 <= launch.tile <= 32768 or launch.radix not in (5, 6, 7, 8) \
             or not 0 <= launch.anchor <= 16:
         raise ValueError(f"tile must be a power of two in [32, 32768], radix in 5..8 and anchor in 0..16, got {launch}")
     S = launch.split or split_for(B, width, k, 2 if is_interpret() else info().sm_count, launch.tile)
     if S & (S - 1) or not 1 <= S <= launch.tile // 32:
         raise ValueError(f"split must be a power of two in [1, tile / 32 = {launch.tile // 32}], got {S}")
-    return S, dict(RADIX=launch.radix, OUT_BLOCK=min(OUT_BLOCK, next_power_of_2(k)), ANCHOR=launch.anchor,
-                   PAGE=page_size, num_warps=launch.num_warps)
+    opts = dict(RADIX=launch.radix, OUT_BLOCK=min(OUT_BLOCK, next_power_of_2(k)), ANCHOR=launch.anchor,
+                PAGE=page_size, num_warps=launch.num_warps)
+    return (S, dict(opts, TILE=launch.tile, STAGE=0, GUARD=guard),
+            dict(opts, TILE=launch.tile // S, STAGE=1, GUARD=guard),
+            dict(opts, TILE=min(launch.tile, next_power_of_2(S * k)), STAGE=2))

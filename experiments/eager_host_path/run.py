@@ -14,19 +14,26 @@ context 262208, H_i 64, top-512):
   cannot be captured, and captures as "device").
 
 Modes: ``checks="device"`` (the default: no host sync) and ``checks="sync"`` (host checks that
-name the offending value). Also ``triton_launch_us``: the host time of one launch of an empty
-Triton kernel (the floor any eager call pays per launch: split-K and the guarded indexer launch
-two kernels), and ``checks``: every timed call's eager answer equals its graph replay bitwise,
-and no error flag was set. Expected runtime on an H200: about 1 minute (compiling included).
+name the offending value). ``launch``: "direct" (the default: kernels.common.launch_kernel hands a
+compiled kernel's launcher its arguments after the first call) or "triton" (every launch through
+Triton's ``kernel[grid](...)``, which binds and specializes the arguments each time); the device
+mode runs both, one right after the other, in the same run. Also ``triton_launch_us`` / ``direct_launch_us``: the
+host time of one launch of an empty Triton kernel each way (the floor any eager call pays per
+launch: split-K launches two kernels, the indexer step three), and every timed call's eager
+answer equals its graph replay bitwise with no error flag set. Expected runtime on an H200:
+about 2 minutes (compiling included).
 """
 import statistics
 import time
+
+import contextlib
 
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 
 import torch
 
 from dsv4lab import ab, bench, errors
+from dsv4lab.kernels import common
 from dsv4lab.testing import make_decode_inputs, make_indexer_inputs
 
 QUESTION = "eager_host_path"
@@ -64,10 +71,24 @@ def time_call(fn, smoke, *, graph: bool) -> dict:
     return row
 
 
-def triton_launch_us(smoke) -> float | None:
+def empty_launch_us(smoke, direct: bool) -> float | None:
     from dsv4lab.bench import _empty_kernel
-    x = torch.zeros(1, device=dsv4lab.device.torch_device())
-    return host_us(lambda: _empty_kernel[(1,)](x), smoke)
+    x, consts = torch.zeros(1, device=dsv4lab.device.torch_device()), {}
+    with launch_path("direct" if direct else "triton"):
+        return host_us(lambda: common.launch_kernel(_empty_kernel, (1,), (x,), consts), smoke)
+
+
+def launch_path(name):
+    return contextlib.nullcontext() if name == "direct" else common.triton_launches()
+
+
+def timed(fn, smoke, mode, launch):
+    with launch_path(launch):
+        return time_call(fn, smoke, graph=mode == "device")
+
+
+# (mode, launch) of each row: device mode both ways, sync mode with the default launch
+VARIANTS = (("device", "direct"), ("device", "triton"), ("sync", "direct"))
 
 
 def main(argv=None):
@@ -76,25 +97,26 @@ def main(argv=None):
     H, K, ctx, batches = (8, 32, 64, (1, 2)) if smoke else (64, 512, 8192, (1, 32, 128))
     rows = []
     payload = dict(rows=rows, complete=False)
-    payload["triton_launch_us"] = triton_launch_us(smoke)
+    payload["triton_launch_us"] = empty_launch_us(smoke, direct=False)
+    payload["direct_launch_us"] = empty_launch_us(smoke, direct=True)
     for B in batches:
         inp = make_decode_inputs(B, H, K, context=ctx, seed=B)
         for impl in ("auto", "mma"):
-            for mode in ("device", "sync"):
+            for mode, launch in VARIANTS:
                 fn = lambda impl=impl, mode=mode: dsv4lab.sparse_decode(  # noqa: E731
                     inp.q, inp.cache, inp.indices, impl=impl, checks=mode)
-                rows.append(ab.attempt(dict(op="sparse_decode", impl=impl, B=B, H=H, K=K, mode=mode),
-                                       lambda fn=fn, mode=mode: time_call(fn, smoke, graph=mode == "device")))
+                rows.append(ab.attempt(dict(op="sparse_decode", impl=impl, B=B, H=H, K=K, mode=mode, launch=launch),
+                                       lambda fn=fn, mode=mode, launch=launch: timed(fn, smoke, mode, launch)))
         ab.write(a.out, QUESTION, smoke, **payload)
         del inp
     B, L = (2, 200) if smoke else (32, 262208)
     inp = make_indexer_inputs(B, 8 if smoke else 64, L, seq_lens=64 if smoke else 8192, seed=13)
     for op, kw in (("indexer_logits", {}), ("indexer_topk", {"topk": 16 if smoke else 512})):
-        for mode in ("device", "sync"):
+        for mode, launch in VARIANTS:
             fn = lambda op=op, kw=kw, mode=mode: getattr(dsv4lab, op)(  # noqa: E731
                 *inp.args(), max_seq_len=L, impl="triton", checks=mode, **kw)
-            rows.append(ab.attempt(dict(op=op, impl="triton", B=B, max_seq_len=L, mode=mode),
-                                   lambda fn=fn, mode=mode: time_call(fn, smoke, graph=mode == "device")))
+            rows.append(ab.attempt(dict(op=op, impl="triton", B=B, max_seq_len=L, mode=mode, launch=launch),
+                                   lambda fn=fn, mode=mode, launch=launch: timed(fn, smoke, mode, launch)))
     payload["complete"] = True
     ab.write(a.out, QUESTION, smoke, **payload)
 
