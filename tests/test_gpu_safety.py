@@ -184,9 +184,9 @@ def test_indexer_error_word_replayed(impl):
 
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU: the interpreter always takes Triton's launch path")
-def test_direct_launch_equals_triton_launch_and_respecializes_on_alignment():
+def test_direct_launch_equals_triton_launch_and_misaligned_takes_triton_path():
     """launch_kernel's direct path gives Triton's answers bitwise, and a q 2 bytes past a 16-byte
-    boundary gets its own compiled kernel (Triton specializes on 16-byte alignment)."""
+    boundary takes Triton's path (which specializes on 16-byte alignment), with the same answers."""
     from dsv4lab.kernels import common, head_batched
     inp = make_decode_inputs(32, 64, 512, context=4096, seed=3)
     run = lambda q: dsv4lab.sparse_decode(q, inp.cache, inp.indices, impl="mma")  # noqa: E731
@@ -199,12 +199,11 @@ def test_direct_launch_equals_triton_launch_and_respecializes_on_alignment():
     q_odd = buf[1:].view(inp.q.shape)
     q_odd.copy_(inp.q)
     assert q_odd.data_ptr() % 16 != 0 and q_odd.is_contiguous()
-    aligned = {key[-1][0] for key in common._LAUNCHES if key[0] is head_batched._head_batched_kernel}
+    assert common._arg_signature((q_odd,)) is None      # so it takes Triton's path, specialized for it
     for _ in range(2):
         got = run(q_odd)
         assert all(torch.equal(a, b) for a, b in zip(want, got))
-    seen = {key[-1][0] for key in common._LAUNCHES if key[0] is head_batched._head_batched_kernel}
-    assert (torch.bfloat16, True) in aligned and (torch.bfloat16, False) in seen
+    assert any(key[0] is head_batched._head_batched_kernel for key in common._LAUNCHES)
     inp_i = make_indexer_inputs(4, 64, 4096, seq_lens=[1, 700, 4096, 2049], seed=5)
     step = lambda: dsv4lab.indexer_topk(*inp_i.args(), max_seq_len=4096, topk=512, impl="triton")  # noqa: E731
     with common.triton_launches():

@@ -9,6 +9,8 @@ fp32 tile whose columns are exactly the 512 model dims: 0..447 from fp8 * scale,
 from __future__ import annotations
 
 import contextlib
+import functools
+import operator
 
 import torch
 import triton
@@ -263,43 +265,46 @@ _DIRECT = [True]
 _LAUNCHES: dict = {}
 
 
-def _arg_signature(args) -> tuple:
-    """What Triton specializes a compiled kernel on, per positional argument: a tensor's dtype and
-    16-byte alignment; an int's ``== 1``, ``% 16 == 0`` and 32-bit range; only the type of the rest
-    (floats are never specialized). Finer than Triton's own key, never coarser, so two calls with
-    one signature run the same compiled kernel as ``kernel[grid]`` would pick."""
-    return tuple((a.dtype, a.data_ptr() & 15 == 0) if isinstance(a, torch.Tensor)
-                 else (type(a), a == 1, a & 15 == 0, -0x80000000 <= a <= 0x7FFFFFFF) if isinstance(a, int)
-                 else type(a) for a in args)
+_DTYPE = operator.attrgetter("dtype")
+_DATA_PTR = operator.methodcaller("data_ptr")
 
 
-def launch_kernel(kernel, grid: tuple, args: tuple, consts: dict):
-    """``kernel[grid](*args, **consts)`` with the host cost of a C call after the first time.
+def launch_kernel(kernel, grid: tuple, tensors: tuple, scalars: tuple, consts: dict):
+    """``kernel[grid](*tensors, *scalars, **consts)`` with the host cost of a C call after the first time.
 
     Triton's launch binds and specializes every argument, builds its cache key from the
-    constexprs and options and checks the kernel's globals on every call: ~10-15 us of host time
-    a launch on the H200 nodes, more than many decode launches take on the GPU. Here the first
-    call of a signature (``_arg_signature``, the grid, the device and ``consts``) goes through
-    Triton, which compiles and returns the kernel; later calls hand the same kernel's launcher the
-    arguments directly. ``consts`` (constexprs and launch options) must be one dict object per
-    shape, as the per-shape ``lru_cache`` helpers return. The interpreter, a Triton launch hook
-    (the proton profiler's) or ``_DIRECT[0] = False`` take Triton's own path."""
-    if is_interpret() or not _DIRECT[0] or _launch_hooked():
-        return kernel[grid](*args, **consts)
-    device = _driver().get_current_device()
-    key = (kernel, device, grid, id(consts), _arg_signature(args))
+    constexprs and options and checks the kernel's globals on every call: twice the host time of
+    the launch itself on the H200 nodes (experiments/eager_host_path), more than many decode
+    launches take on the GPU. Here the first call of a signature goes through Triton, which
+    compiles and returns the kernel; later calls hand that kernel's launcher the arguments
+    directly. The signature is what Triton specializes on, or finer: the tensors' dtypes, the
+    scalars' values and types (Triton looks at an int's ``== 1``, ``% 16 == 0`` and range, and
+    never at a float's), the grid, the device and ``consts``, with every tensor 16-byte aligned. It is taken
+    with C-level loops (``map``): a Python loop over twenty arguments costs as much as the launch.
+    ``tensors`` are the kernel's leading parameters, ``scalars`` the hashable ones after them;
+    ``consts`` (constexprs and launch options) must be one dict object per shape, as the per-shape
+    ``lru_cache`` helpers return. The interpreter, a Triton launch hook (the proton profiler's),
+    a tensor off 16-byte alignment (Triton specializes each pointer on it) or ``triton_launches()``
+    take Triton's own path."""
+    if not _DIRECT[0] or is_interpret() or _launch_hooked() or functools.reduce(
+            operator.or_, map(_DATA_PTR, tensors), 0) & 15:
+        return kernel[grid](*tensors, *scalars, **consts)
+    current_device, current_stream = _DRIVER or _driver()
+    device = current_device()
+    # values and types: 16 == 16.0 == hash(16.0) and True == 1, but Triton compiles each differently
+    key = (kernel, device, grid, id(consts), scalars, tuple(map(type, scalars)), tuple(map(_DTYPE, tensors)))
     hit = _LAUNCHES.get(key)
     if hit is None or hit[0] is not consts:
-        compiled = kernel[grid](*args, **consts)
+        compiled = kernel[grid](*tensors, *scalars, **consts)
         # the launcher takes every parameter in signature order, constexprs included
-        tail = tuple(consts.get(p.name, p.default) for p in kernel.params[len(args):])
+        tail = tuple(consts.get(p.name, p.default) for p in kernel.params[len(tensors) + len(scalars):])
         if len(_LAUNCHES) >= 4096:
             _LAUNCHES.clear()
         _LAUNCHES[key] = (consts, compiled, tuple(grid) + (1,) * (3 - len(grid)), tail)
         return compiled
     _, compiled, (g0, g1, g2), tail = hit
-    compiled.run(g0, g1, g2, _driver().get_current_stream(device), compiled.function, compiled.packed_metadata,
-                 None, None, None, *args, *tail)
+    compiled.run(g0, g1, g2, current_stream(device), compiled.function, compiled.packed_metadata,
+                 None, None, None, *tensors, *scalars, *tail)
     return compiled
 
 
@@ -314,9 +319,14 @@ def triton_launches():
         _DIRECT[0] = before
 
 
+_DRIVER: list = []
+
+
 def _driver():
+    """(current device, current raw stream) functions of Triton's driver, looked up once."""
     from triton.runtime import driver
-    return driver.active
+    _DRIVER[:] = [driver.active.get_current_device, driver.active.get_current_stream]
+    return _DRIVER
 
 
 def _launch_hooked() -> bool:

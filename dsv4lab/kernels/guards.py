@@ -62,7 +62,7 @@ def sanitize_decode(indices, topk_len, attn_sink, num_tokens: int):
     H = attn_sink.shape[0] if attn_sink is not None else 0
     launch_kernel(_decode_guard_kernel, (B,), (
         indices, topk_len if topk_len is not None else out, attn_sink if attn_sink is not None else out,
-        out, tlen if tlen is not None else out, errors.word(indices.device), K, H, min(num_tokens, 2**31 - 1),
+        out, tlen if tlen is not None else out, errors.word(indices.device)), (K, H, min(num_tokens, 2**31 - 1),
         indices.stride(0)), _consts(HAS_TOPK_LEN=topk_len is not None, HAS_SINK=attn_sink is not None, BLOCK=BLOCK))
     return out, tlen
 
@@ -95,7 +95,7 @@ def sanitize_indexer(seq_lens, page_table, max_seq_len: int, num_pages: int, pag
     seq = torch.empty_like(seq_lens)
     table = torch.empty((B, P), dtype=torch.int32, device=page_table.device) if whole_table else page_table
     launch_kernel(_indexer_guard_kernel, (B,), (
-        seq_lens, page_table, seq, table, errors.word(seq_lens.device), max_seq_len, num_pages, P,
+        seq_lens, page_table, seq, table, errors.word(seq_lens.device)), (max_seq_len, num_pages, P,
         page_table.stride(0)), _consts(PAGE=page_size, BLOCK=BLOCK, WHOLE_TABLE=whole_table))
     return seq, table
 

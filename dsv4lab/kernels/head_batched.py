@@ -255,7 +255,7 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, opts: Lau
         q, fp8, u8, bf16, indices,
         topk_len if topk_len is not None else lse,
         attn_sink if attn_sink is not None else lse,
-        out, lse, errors.word(q.device), sm_scale * LOG2E, K, H, split_len, token_limit(cache),
+        out, lse, errors.word(q.device)), (sm_scale * LOG2E, K, H, split_len, token_limit(cache),
         sq[0], sq[1], indices.stride(0), so[0], so[1], so[2] if split else 0), consts)
 
 

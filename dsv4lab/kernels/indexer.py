@@ -229,9 +229,8 @@ def logits_triton(q, index_cache: IndexKCache, weights, seq_lens, page_table, ma
         return out
     g, consts = _logits_args(launch, B, H, D, max_seq_len, index_cache.page_size, nprog, fill_dead)
     fp8, f32 = index_cache.flat_views
-    launch_kernel(_indexer_kernel, g, (
-        q, weights, fp8, f32, seq_lens, page_table, out, max_seq_len,
-        index_cache.num_pages, page_table.shape[1],
+    launch_kernel(_indexer_kernel, g, (q, weights, fp8, f32, seq_lens, page_table, out), (
+        max_seq_len, index_cache.num_pages, page_table.shape[1],
         q.stride(0), q.stride(1), weights.stride(0), page_table.stride(0), out.stride(0)), consts)
     return out
 

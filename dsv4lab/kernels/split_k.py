@@ -114,8 +114,8 @@ def combine(o_part, lse_part, attn_sink, out, lse, *, pdl=False, heads=None, num
     grid, consts = _combine_args(B, H, nsplit, D, o_part.dtype, attn_sink is not None, pdl, heads, num_warps)
     sp, so = o_part.stride(), out.stride()
     launch_kernel(_combine_kernel, grid, (
-        o_part, lse_part, attn_sink if attn_sink is not None else lse, out, lse, errors.word(out.device), H, nsplit,
-        sp[0], sp[1], sp[2], so[0], so[1]), consts)
+        o_part, lse_part, attn_sink if attn_sink is not None else lse, out, lse, errors.word(out.device)),
+        (H, nsplit, sp[0], sp[1], sp[2], so[0], so[1]), consts)
 
 
 @functools.lru_cache(maxsize=1024)

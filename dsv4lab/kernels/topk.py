@@ -284,15 +284,15 @@ def topk_triton(logits: torch.Tensor, seq_lens: torch.Tensor, k: int, *, launch:
     err = errors.word(logits.device) if guard else seq_lens
     pt_stride = table.stride(0) if guard else 0
     if S == 1:
-        launch_kernel(_topk_kernel, (B, 1), (logits, seq_lens, out, out, table, err, width, k, logits.stride(0),
-                                             out.stride(0), num_pages, pt_stride), single)
+        launch_kernel(_topk_kernel, (B, 1), (logits, seq_lens, out, out, table, err),
+                      (width, k, logits.stride(0), out.stride(0), num_pages, pt_stride), single)
         return out
     pos = alloc((B, S * k), torch.int32, logits.device)
     val = alloc((B, S * k), torch.float32, logits.device)
-    launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err, width, k, logits.stride(0),
-                                         pos.stride(0), num_pages, pt_stride), chunks)
-    launch_kernel(_topk_kernel, (B, 1), (val, seq_lens, out, pos, table, err, S * k, k, val.stride(0), out.stride(0),
-                                         num_pages, 0), merge)
+    launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err),
+                  (width, k, logits.stride(0), pos.stride(0), num_pages, pt_stride), chunks)
+    launch_kernel(_topk_kernel, (B, 1), (val, seq_lens, out, pos, table, err),
+                  (S * k, k, val.stride(0), out.stride(0), num_pages, 0), merge)
     return out
 
 

@@ -75,7 +75,7 @@ def empty_launch_us(smoke, direct: bool) -> float | None:
     from dsv4lab.bench import _empty_kernel
     x, consts = torch.zeros(1, device=dsv4lab.device.torch_device()), {}
     with launch_path("direct" if direct else "triton"):
-        return host_us(lambda: common.launch_kernel(_empty_kernel, (1,), (x,), consts), smoke)
+        return host_us(lambda: common.launch_kernel(_empty_kernel, (1,), (x,), (), consts), smoke)
 
 
 def launch_path(name):
