@@ -39,7 +39,7 @@ from ..api import register
 from ..cache import INDEX_DIM, IndexKCache
 from ..device import info, is_interpret
 from .common import alloc, cdiv, launch_kernel, dot_dtype, next_power_of_2
-from .topk import TopkLaunch, topk_triton
+from .topk import TOPK, TopkLaunch, select, topk_triton
 
 
 @dataclass(frozen=True)
@@ -209,12 +209,7 @@ def logits_triton(q, index_cache: IndexKCache, weights, seq_lens, page_table, ma
     row's live pages are written (the rest of the row is left as allocated: what the top-k reads
     never goes there). ``launch`` defaults to LOGITS; ``nprog`` / ``num_stages`` / ``prefetch``
     override single fields of it (prefetch False/True mean 0/1)."""
-    B, H, D = q.shape
-    if H > 128:
-        raise ValueError(f"the Triton indexer holds all heads in one tile: q may have at most 128 heads, got {H}")
-    if q.dtype not in (torch.bfloat16, torch.float8_e4m3fn):
-        raise TypeError(f"impl='triton' takes q in bfloat16 or float8_e4m3fn (the model's; exact on the tensor "
-                        f"cores), got {q.dtype}: cast it (q.to(torch.bfloat16) rounds it) or use impl='torch_fp32'")
+    _check_q(q)
     if nprog is not None and nprog < 1:
         raise ValueError(f"nprog must be >= 1, got {nprog}")
     launch = launch or LOGITS
@@ -224,6 +219,21 @@ def logits_triton(q, index_cache: IndexKCache, weights, seq_lens, page_table, ma
         launch = replace(launch, prefetch=int(prefetch))
     if launch.prefetch not in (0, 1, 2):
         raise ValueError(f"prefetch must be 0, 1 or 2, got {launch.prefetch}")
+    return _launch_logits(q, index_cache, weights, seq_lens, page_table, max_seq_len, launch, fill_dead, nprog)
+
+
+def _check_q(q):
+    if q.shape[1] > 128:
+        raise ValueError(f"the Triton indexer holds all heads in one tile: q may have at most 128 heads, "
+                         f"got {q.shape[1]}")
+    if q.dtype not in (torch.bfloat16, torch.float8_e4m3fn):
+        raise TypeError(f"impl='triton' takes q in bfloat16 or float8_e4m3fn (the model's; exact on the tensor "
+                        f"cores), got {q.dtype}: cast it (q.to(torch.bfloat16) rounds it) or use impl='torch_fp32'")
+
+
+def _launch_logits(q, index_cache, weights, seq_lens, page_table, max_seq_len, launch, fill_dead, nprog=None):
+    """logits_triton after its argument checks (the step calls it directly)."""
+    B, H, D = q.shape
     out = alloc((B, max_seq_len), torch.float32, q.device)
     if B == 0:
         return out
@@ -255,11 +265,11 @@ def topk_step(q, index_cache: IndexKCache, weights, seq_lens, page_table, max_se
     position, -1 padded. It guards its own inputs as the API's contract says: seq_lens clamped to
     [0, max_seq_len] (both kernels), a request cut before its first live page id outside the cache
     (the logits kernel never reads such a page; the top-k stops before it), each flagged in the
-    error word by the top-k."""
-    logits = logits_triton(q, index_cache, weights, seq_lens, page_table, max_seq_len, launch=launch,
-                           fill_dead=False)
-    return topk_triton(logits, seq_lens, k, launch=topk_launch,
-                       pages=(page_table, index_cache.num_pages, index_cache.page_size))
+    error word by the top-k. The arguments are taken as the API checked them: only what the
+    Triton kernels add (q's dtype and head count, k) is checked here."""
+    _check_q(q)
+    logits = _launch_logits(q, index_cache, weights, seq_lens, page_table, max_seq_len, launch or LOGITS, False)
+    return select(logits, seq_lens, k, topk_launch or TOPK, (page_table, index_cache.num_pages, index_cache.page_size))
 
 
 @register("indexer_logits", "triton", stage="S4", description="the Triton indexer: live pages only")

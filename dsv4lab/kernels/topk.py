@@ -50,6 +50,7 @@ import triton.language as tl
 
 from .. import errors
 from ..device import info, is_interpret
+from . import common
 from .common import alloc, launch_kernel, live_length, next_power_of_2
 
 
@@ -274,7 +275,13 @@ def topk_triton(logits: torch.Tensor, seq_lens: torch.Tensor, k: int, *, launch:
                          f"{getattr(seq_lens, 'dtype', type(seq_lens).__name__)} {list(getattr(seq_lens, 'shape', []))}")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
-    launch = launch or TOPK
+    return select(logits, seq_lens, k, launch or TOPK, pages)
+
+
+def select(logits, seq_lens, k: int, launch: TopkLaunch, pages=None) -> torch.Tensor:
+    """topk_triton after its argument checks (the indexer step calls it directly). The split's
+    candidates go to a workspace kept per shape, as split-K's partials."""
+    B, width = logits.shape
     guard = pages is not None
     table, num_pages, page_size = pages if guard else (seq_lens, 0, 64)
     S, single, chunks, merge = _topk_args(launch, B, width, k, page_size, guard)
@@ -287,8 +294,7 @@ def topk_triton(logits: torch.Tensor, seq_lens: torch.Tensor, k: int, *, launch:
         launch_kernel(_topk_kernel, (B, 1), (logits, seq_lens, out, out, table, err),
                       (width, k, logits.stride(0), out.stride(0), num_pages, pt_stride), single)
         return out
-    pos = alloc((B, S * k), torch.int32, logits.device)
-    val = alloc((B, S * k), torch.float32, logits.device)
+    pos, val = candidates(B, S * k, logits.device)
     launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err),
                   (width, k, logits.stride(0), pos.stride(0), num_pages, pt_stride), chunks)
     launch_kernel(_topk_kernel, (B, 1), (val, seq_lens, out, pos, table, err),
@@ -312,3 +318,22 @@ def _topk_args(launch: TopkLaunch, B, width, k, page_size, guard):
     return (S, dict(opts, TILE=launch.tile, STAGE=0, GUARD=guard),
             dict(opts, TILE=launch.tile // S, STAGE=1, GUARD=guard),
             dict(opts, TILE=min(launch.tile, next_power_of_2(S * k)), STAGE=2))
+
+
+_CANDIDATES: dict = {}
+
+
+def candidates(B: int, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split's workspace (positions int32 [B, n], logits float32 [B, n]), allocated once per
+    shape and reused (a CUDA graph captures their addresses; two calls of one shape must not run
+    concurrently on different streams). Under testing.poisoned() refilled first (positions with
+    int32's smallest value, logits NaN), so a candidate the chunks forget to write fails the check."""
+    key = (device, B, n)
+    ws = _CANDIDATES.get(key)
+    if ws is None:
+        ws = _CANDIDATES[key] = (torch.empty(B, n, dtype=torch.int32, device=device),
+                                 torch.empty(B, n, dtype=torch.float32, device=device))
+    if common._POISON[0]:
+        ws[0].fill_(torch.iinfo(torch.int32).min)
+        ws[1].fill_(float("nan"))
+    return ws

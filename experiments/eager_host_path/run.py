@@ -20,13 +20,22 @@ Triton's ``kernel[grid](...)``, which binds and specializes the arguments each t
 mode runs both, one right after the other, in the same run. Also ``triton_launch_us`` / ``direct_launch_us``: the
 host time of one launch of an empty Triton kernel each way (the floor any eager call pays per
 launch: split-K launches two kernels, the indexer step three), and every timed call's eager
-answer equals its graph replay bitwise with no error flag set. Expected runtime on an H200:
-about 2 minutes (compiling included).
+answer equals its graph replay bitwise with no error flag set.
+
+Where the host time goes: ``primitives``, host microseconds per call (median of 9 batches of 200
+back-to-back calls) of the pieces an eager call is made of (torch.empty, a torch elementwise
+launch, an empty Triton kernel through ``kernel[grid]`` and through its compiled launcher, whole
+eager calls), and ``profile``, the top functions by own time in a cProfile of 300 eager calls of
+decode ``auto`` at B 32 and of the indexer step. Expected runtime on an H200: about 2 minutes
+(compiling included).
 """
 import statistics
 import time
 
 import contextlib
+import cProfile
+import io
+import pstats
 
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 
@@ -91,6 +100,44 @@ def timed(fn, smoke, mode, launch):
 VARIANTS = (("device", "direct"), ("device", "triton"), ("sync", "direct"))
 
 
+def primitives(smoke, cases: dict) -> dict | None:
+    """Host microseconds per call of the pieces of an eager call (GPU only)."""
+    if smoke:
+        return None
+    from dsv4lab.bench import _empty_kernel
+    from triton.runtime import driver
+    dev = dsv4lab.device.torch_device()
+    x = torch.zeros(1, device=dev)
+    compiled = _empty_kernel[(1,)](x)
+    stream = driver.active.get_current_stream(torch.cuda.current_device())
+    prims = {
+        "torch.empty 32x64x512 bf16": lambda: torch.empty(32, 64, 512, dtype=torch.bfloat16, device=dev),
+        "torch x.add_(1)": lambda: x.add_(1),
+        "triton kernel[grid](x)": lambda: _empty_kernel[(1,)](x),
+        "compiled.run(x) direct": lambda: compiled.run(1, 1, 1, stream, compiled.function, compiled.packed_metadata,
+                                                        None, None, None, x),
+        **{f"eager {k}": f for k, f in cases.items()},
+    }
+    return {k: round(host_us(f, False, batches=9, calls=200), 2) for k, f in prims.items()}
+
+
+def profile(fn, smoke, calls=300, top=25) -> list:
+    """The top functions by own time over ``calls`` eager calls: microseconds a call."""
+    calls = 2 if smoke else calls
+    fn()
+    p = cProfile.Profile()
+    p.enable()
+    for _ in range(calls):
+        fn()
+    p.disable()
+    if not smoke:
+        torch.cuda.synchronize()
+    st = pstats.Stats(p, stream=io.StringIO())
+    rows = sorted(((f"{k[0].split('/')[-1]}:{k[1]}({k[2]})", v[1] / calls, v[2] / calls * 1e6, v[3] / calls * 1e6)
+                   for k, v in st.stats.items()), key=lambda r: -r[2])
+    return [dict(function=f, calls=n, own_us=round(own, 2), cum_us=round(cum, 2)) for f, n, own, cum in rows[:top]]
+
+
 def main(argv=None):
     a = ab.parse_args(__doc__, argv=argv)
     smoke = a.smoke
@@ -117,6 +164,14 @@ def main(argv=None):
                 *inp.args(), max_seq_len=L, impl="triton", checks=mode, **kw)
             rows.append(ab.attempt(dict(op=op, impl="triton", B=B, max_seq_len=L, mode=mode, launch=launch),
                                    lambda fn=fn, mode=mode, launch=launch: timed(fn, smoke, mode, launch)))
+    dec = make_decode_inputs(*((2, H, K) if smoke else (32, H, K)), context=ctx, seed=1)
+    cases = {
+        f"decode auto B={dec.q.shape[0]}": lambda: dsv4lab.sparse_decode(dec.q, dec.cache, dec.indices, impl="auto"),
+        f"indexer step B={B}": lambda: dsv4lab.indexer_topk(*inp.args(), max_seq_len=L, topk=16 if smoke else 512,
+                                                             impl="triton"),
+    }
+    payload["primitives"] = primitives(smoke, cases)
+    payload["profile"] = {k: profile(f, smoke) for k, f in cases.items()}
     payload["complete"] = True
     ab.write(a.out, QUESTION, smoke, **payload)
 
