@@ -129,13 +129,23 @@ class KernelProfile:
                 for r in sorted(self.rows, key=lambda r: -r["us"])]
 
 
+#: the share of a kernel's time that may sit in no ``dsv4::`` region ('(none)') before it counts as
+#: a mismatch: torch.profiler now and then loses the link from a device kernel to the launch that
+#: made it (the H200 replay of 2026-12-04T07:15Z: one 5.4 us call of a bf16 GEMM's 129, 0.7%)
+UNATTRIBUTED_SHARE = 0.02
+
+
 def region_mismatches(kernels) -> list:
     """Kernels whose name-rule category disagrees with where an eager step launched them:
-    ``kernels`` as KernelProfile.kernels() gives them ({name, category, regions: {region: us}})."""
+    ``kernels`` as KernelProfile.kernels() gives them ({name, category, regions: {region: us}}).
+    Time in no region at all counts only past UNATTRIBUTED_SHARE of the kernel's."""
     out = []
     for k in kernels:
         rx = EXPECTED_REGIONS.get(k["category"])
-        bad = {r: us for r, us in k.get("regions", {}).items() if rx and not re.search(rx, r)}
+        regions = k.get("regions", {})
+        total = sum(regions.values())
+        bad = {r: us for r, us in regions.items() if rx and not re.search(rx, r)
+               and not (r == "(none)" and us <= UNATTRIBUTED_SHARE * total)}
         if bad:
             out.append(dict(name=k["name"], category=k["category"], unexpected_regions=bad))
     return out

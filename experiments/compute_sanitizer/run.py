@@ -1,6 +1,7 @@
 """compute-sanitizer memcheck and racecheck over every kernel the lab ships, at small shapes. One JSON.
 
     PYTHONPATH=. python experiments/compute_sanitizer/run.py OUT.json [--cpu-smoke] [--tools memcheck racecheck]
+        [--only TARGET_PREFIX]
 
 The driver runs this same file once per tool under ``compute-sanitizer --tool TOOL`` with
 ``--targets``: every target (a decode impl, the merged two-cache decode, the indexer's logits and
@@ -8,6 +9,12 @@ top-k, each with the guard launches its API path adds) runs once at a small shap
 a topk_len, a sink, indices on page boundaries and, for the decode, indices past the cache that
 the device-side checks must read as padding. The child prints one line per target it finished;
 the driver parses the sanitizer's ``ERROR SUMMARY`` and the kernels its reports name.
+
+On sm_90 one more target is a control, not a lab kernel: ``control:warp_specialize``, a Gluon kernel
+with the ``hopper`` kernel's warp specialization (8 default warps, a 4-warp worker at 96 registers,
+a 168-register cap) whose partitions touch no shared memory of their own (each writes one value
+to global memory). Hazards reported in it come from Triton's partition machinery, not from code
+the lab wrote; the reported lines and offsets can then be set against the ``hopper`` kernel's.
 
 Rows (``rows``): one per (tool, target): ``finished`` (the target ran to its end under the tool),
 ``errors`` (the sanitizer's count for the whole process, shared by its targets), ``kernels``
@@ -29,6 +36,7 @@ import dsv4lab  # noqa: F401  (first: it decides the mode before anything import
 import torch
 
 from dsv4lab import ab, api, errors
+from dsv4lab.kernels import hopper
 from dsv4lab.testing import make_decode_inputs, make_indexer_inputs, make_merged_decode_inputs
 
 QUESTION = "compute_sanitizer"
@@ -55,12 +63,69 @@ def targets(smoke: bool) -> dict:
     out["indexer_logits:triton"] = lambda: dsv4lab.indexer_logits(*idx.args(), max_seq_len=L, impl="triton")
     out["indexer_topk:triton"] = lambda: dsv4lab.indexer_topk(*idx.args(), max_seq_len=L, topk=16 if smoke else 64,
                                                                impl="triton")
+    if not smoke and hopper.unavailable_reason() is None:
+        out["control:warp_specialize"] = warp_specialize_control
+        out["control:warp_specialize_capture"] = warp_specialize_capture_control
     return out
 
 
-def run_targets(smoke: bool, log=print) -> list[dict]:
+try:                                    # Gluon (triton >= 3.4) for the control target only
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+except Exception:  # noqa: BLE001
+    gluon = None
+
+if gluon is not None:
+    @gluon.jit
+    def _control_default(OUT):
+        gl.store(OUT + gl.program_id(0) * 2, gl.program_id(0))
+
+    @gluon.jit
+    def _control_worker(OUT):
+        gl.store(OUT + gl.program_id(0) * 2 + 1, gl.program_id(0) + 1)
+
+    @gluon.jit
+    def _control_kernel(OUT, num_warps: gl.constexpr):
+        gl.warp_specialize([(_control_default, (OUT,)), (_control_worker, (OUT,))], [4], [96])
+
+    @gluon.jit
+    def _capture_default(OUT, v):
+        gl.store(OUT + gl.program_id(0) * 2, v)
+
+    @gluon.jit
+    def _capture_worker(OUT, v):
+        gl.store(OUT + gl.program_id(0) * 2 + 1, v + 1)
+
+    @gluon.jit
+    def _capture_kernel(OUT, IN, num_warps: gl.constexpr):
+        v = gl.load(IN + gl.program_id(0))            # a value computed before the split, as hopper's row / lo / hi
+        gl.warp_specialize([(_capture_default, (OUT, v)), (_capture_worker, (OUT, v))], [4], [96])
+
+
+def warp_specialize_control():
+    """The control target: the hopper kernel's warp_specialize shape, no shared memory of the lab's."""
+    out = torch.zeros(2 * 8, dtype=torch.int32, device="cuda")
+    _control_kernel[(8,)](out, num_warps=8, maxnreg=168)
+    want = torch.arange(16, dtype=torch.int32, device="cuda") // 2 + torch.arange(16, device="cuda") % 2
+    if not torch.equal(out, want.to(torch.int32)):
+        raise RuntimeError(f"the control kernel wrote {out.tolist()}")
+
+
+def warp_specialize_capture_control():
+    """The second control: a value loaded before the split handed to both partitions."""
+    out = torch.zeros(2 * 8, dtype=torch.int32, device="cuda")
+    inp = torch.arange(8, dtype=torch.int32, device="cuda")
+    _capture_kernel[(8,)](out, inp, num_warps=8, maxnreg=168)
+    want = torch.arange(16, dtype=torch.int32, device="cuda") // 2 + torch.arange(16, device="cuda") % 2
+    if not torch.equal(out, want.to(torch.int32)):
+        raise RuntimeError(f"the capture control kernel wrote {out.tolist()}")
+
+
+def run_targets(smoke: bool, log=print, only: str = "") -> list[dict]:
     rows = []
     for name, fn in targets(smoke).items():
+        if not name.startswith(only):
+            continue
         row = {"target": name}
         try:
             fn()
@@ -75,12 +140,12 @@ def run_targets(smoke: bool, log=print) -> list[dict]:
     return rows
 
 
-def sanitize(tool: str, timeout_s: float) -> dict:
+def sanitize(tool: str, timeout_s: float, only: str = "") -> dict:
     """Run the targets under ``compute-sanitizer --tool TOOL`` in a child process."""
     exe = shutil.which("compute-sanitizer")
     if exe is None:
         return {"tool": tool, "status": "refused", "reason": "compute-sanitizer is not installed here"}
-    cmd = [exe, "--tool", tool, "--print-limit", "20", sys.executable, __file__, "-", "--targets"]
+    cmd = [exe, "--tool", tool, "--print-limit", "20", sys.executable, __file__, "-", "--targets", only]
     t = time.time()
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
@@ -112,10 +177,14 @@ def parse(text: str) -> dict:
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if "--targets" in argv:                    # the child, under the sanitizer
-        run_targets(smoke=False)
+        rest = argv[argv.index("--targets") + 1:]
+        run_targets(smoke=False, only=rest[0] if rest else "")
         return
-    a = ab.parse_args(__doc__, add=lambda p: p.add_argument("--tools", nargs="+", default=["memcheck", "racecheck"]),
-                      argv=argv)
+
+    def add(p):
+        p.add_argument("--tools", nargs="+", default=["memcheck", "racecheck"])
+        p.add_argument("--only", default="", help="run only the targets whose name starts with this")
+    a = ab.parse_args(__doc__, add=add, argv=argv)
     payload = {"rows": [], "complete": False}
     if a.smoke:
         payload["rows"] = [{"tool": "none (interpreter)", **r, "ok": r["finished"]} for r in run_targets(True)]
@@ -126,7 +195,7 @@ def main(argv=None):
         payload["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                                            capture_output=True, text=True).stdout.strip()
         for tool in a.tools:
-            res = sanitize(tool, 130)
+            res = sanitize(tool, 130, a.only)
             payload.setdefault("tools", []).append(res)
             for name, done in res.get("targets_finished", {}).items():
                 payload["rows"].append({"tool": tool, "target": name, "finished": done, "status": res["status"],
