@@ -10,11 +10,14 @@ a topk_len, a sink, indices on page boundaries and, for the decode, indices past
 the device-side checks must read as padding. The child prints one line per target it finished;
 the driver parses the sanitizer's ``ERROR SUMMARY`` and the kernels its reports name.
 
-On sm_90 one more target is a control, not a lab kernel: ``control:warp_specialize``, a Gluon kernel
-with the ``hopper`` kernel's warp specialization (8 default warps, a 4-warp worker at 96 registers,
-a 168-register cap) whose partitions touch no shared memory of their own (each writes one value
-to global memory). Hazards reported in it come from Triton's partition machinery, not from code
-the lab wrote; the reported lines and offsets can then be set against the ``hopper`` kernel's.
+On sm_90 three more targets are controls, not lab kernels: Gluon kernels with the ``hopper``
+kernel's warp specialization (8 default warps, a 4-warp worker at 96 registers, a 168-register
+cap) and none of its data protocol. ``control:warp_specialize``: each partition writes one value to
+global memory; ``control:warp_specialize_capture``: plus a value loaded before the split, handed to
+both; ``control:warp_specialize_smem``: plus what ``hopper`` does around the split (a tile stored to
+shared memory and read by the default partition, two mbarriers initialized, a shared-memory store
+and load among the worker's warps). Hazards in them come from Triton's partition hand-off, not
+from code the lab wrote (README: run 2).
 
 Rows (``rows``): one per (tool, target): ``finished`` (the target ran to its end under the tool),
 ``errors`` (the sanitizer's count for the whole process, shared by its targets), ``kernels``
@@ -66,12 +69,14 @@ def targets(smoke: bool) -> dict:
     if not smoke and hopper.unavailable_reason() is None:
         out["control:warp_specialize"] = warp_specialize_control
         out["control:warp_specialize_capture"] = warp_specialize_capture_control
+        out["control:warp_specialize_smem"] = warp_specialize_smem_control
     return out
 
 
 try:                                    # Gluon (triton >= 3.4) for the control target only
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 except Exception:  # noqa: BLE001
     gluon = None
 
@@ -101,6 +106,39 @@ if gluon is not None:
         v = gl.load(IN + gl.program_id(0))            # a value computed before the split, as hopper's row / lo / hi
         gl.warp_specialize([(_capture_default, (OUT, v)), (_capture_worker, (OUT, v))], [4], [96])
 
+    @gluon.jit
+    def _smem_default(OUT, SUM, v, tile):
+        # reads the tile the default warps stored before the split (as hopper's consumers read Q)
+        ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0])
+        gl.store(SUM + gl.program_id(0), gl.sum(gl.sum(tile.load(ld).to(gl.float32), axis=1), axis=0))
+        gl.store(OUT + gl.program_id(0) * 2, v)
+
+    @gluon.jit
+    def _smem_worker(OUT, v, wbuf):
+        # a store and a load of shared memory among the worker's own warps (as hopper's producer)
+        lw: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        i = gl.arange(0, 128, layout=lw)
+        wbuf.store(i + v)
+        got = wbuf.load(lw)
+        gl.store(OUT + gl.program_id(0) * 2 + 1, gl.max(got, axis=0) - 126)
+
+    @gluon.jit
+    def _smem_kernel(OUT, SUM, IN, X, num_warps: gl.constexpr):
+        # what hopper does before its split: a tile stored to shared memory, two mbarriers initialized
+        v = gl.load(IN + gl.program_id(0))
+        ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+        rows = gl.arange(0, 64, layout=gl.SliceLayout(1, ld))
+        cols = gl.arange(0, 256, layout=gl.SliceLayout(0, ld))
+        x = gl.load(X + gl.expand_dims(rows, 1) * 256 + gl.expand_dims(cols, 0))
+        layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 256], gl.bfloat16)
+        tile = gl.allocate_shared_memory(gl.bfloat16, [64, 256], layout, x)
+        wbuf = gl.allocate_shared_memory(gl.int32, [128], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(bars.index(i), count=1)
+        fence_async_shared()
+        gl.warp_specialize([(_smem_default, (OUT, SUM, v, tile)), (_smem_worker, (OUT, v, wbuf))], [4], [96])
+
 
 def warp_specialize_control():
     """The control target: the hopper kernel's warp_specialize shape, no shared memory of the lab's."""
@@ -109,6 +147,18 @@ def warp_specialize_control():
     want = torch.arange(16, dtype=torch.int32, device="cuda") // 2 + torch.arange(16, device="cuda") % 2
     if not torch.equal(out, want.to(torch.int32)):
         raise RuntimeError(f"the control kernel wrote {out.tolist()}")
+
+
+def warp_specialize_smem_control():
+    """The third control: the second, after a shared-memory tile and two mbarrier inits, as hopper."""
+    out = torch.zeros(2 * 8, dtype=torch.int32, device="cuda")
+    inp = torch.arange(8, dtype=torch.int32, device="cuda")
+    x = torch.ones(64, 256, dtype=torch.bfloat16, device="cuda")
+    sums = torch.zeros(8, dtype=torch.float32, device="cuda")
+    _smem_kernel[(8,)](out, sums, inp, x, num_warps=8, maxnreg=168)
+    want = torch.arange(16, dtype=torch.int32, device="cuda") // 2 + torch.arange(16, device="cuda") % 2
+    if not torch.equal(out, want.to(torch.int32)) or not bool((sums == 64 * 256).all()):
+        raise RuntimeError(f"the shared-memory control kernel wrote {out.tolist()}, {sums.tolist()}")
 
 
 def warp_specialize_capture_control():
