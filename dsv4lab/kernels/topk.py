@@ -124,6 +124,18 @@ def _select_digit(h, bins, k_rem):
 
 
 @triton.jit
+def _refine(h, bins, k_rem, prefix, himask, new_lo, dmask):
+    """One pass's outcome from its histogram ``h`` of bits new_lo.. of the matching keys: the digit
+    of the k_rem-th largest appended to the prefix, k_rem less the keys above it, and whether
+    another pass is needed (not once the digit's bucket is wanted whole, or every bit is fixed)."""
+    d, above, in_d, k_rem = _select_digit(h, bins, k_rem)
+    k_rem = k_rem - above
+    prefix = prefix | (d.to(tl.uint32) << new_lo)
+    himask = himask | (dmask << new_lo)
+    return prefix, himask, k_rem, (new_lo > 0) & (in_d > k_rem)
+
+
+@triton.jit
 def _load_keys(row, c, offs, n):
     """Keys of positions c + offs of a row of n live logits (0 past n)."""
     pos = c + offs
@@ -234,24 +246,16 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, SCRATCH, width, k, stride_xb, stride
                     new_lo = tl.maximum(lo - RADIX, 0)
                     dmask = ((1 << (lo - new_lo)) - 1).to(tl.uint32)
                     h = _digit_hist(ck, himask, prefix, new_lo, dmask, NB)
-                    d, above, in_d, k_rem = _select_digit(h, bins, k_rem)
-                    k_rem = k_rem - above
-                    prefix = prefix | (d.to(tl.uint32) << new_lo)
-                    himask = himask | (dmask << new_lo)
+                    prefix, himask, k_rem, busy = _refine(h, bins, k_rem, prefix, himask, new_lo, dmask)
                     lo = new_lo
-                    busy = (lo > 0) & (in_d > k_rem)
     while busy:
         new_lo = tl.maximum(lo - RADIX, 0)
         dmask = ((1 << (lo - new_lo)) - 1).to(tl.uint32)
         h = _digit_hist(key0, himask, prefix, new_lo, dmask, NB)
         for c in range(TILE, n, TILE):
             h += _digit_hist(_load_keys(row, c, offs, n), himask, prefix, new_lo, dmask, NB)
-        d, above, in_d, k_rem = _select_digit(h, bins, k_rem)         # the digit of the k_rem-th largest
-        k_rem = k_rem - above
-        prefix = prefix | (d.to(tl.uint32) << new_lo)
-        himask = himask | (dmask << new_lo)
+        prefix, himask, k_rem, busy = _refine(h, bins, k_rem, prefix, himask, new_lo, dmask)
         lo = new_lo
-        busy = (lo > 0) & (in_d > k_rem)                               # stop once d's bucket is wanted whole
     sel, slot, eq_seen, taken = _emit(key0, himask, prefix, k_rem, 0, 0)
     _store(out, aux, row, sel, slot, offs, start, STAGE)
     for c in range(TILE, n, TILE):
