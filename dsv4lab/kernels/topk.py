@@ -64,7 +64,9 @@ class TopkLaunch:
     with the bins); ``num_warps``: one program per row, so 8 warps hold 8192 keys as 32 a thread;
     ``anchor``: the key bits of pass 0's buckets (0: no pass 0, the radix starts at the top bit);
     ``split``: programs per row S (a power of two; None: ``split_for`` from the shapes; 1: the
-    one-launch path). With S > 1 chunk s of a row of n live positions is [s*ceil(n/S), ...), each
+    one-launch path); ``compact``: 0, or C (a power of two >= 32): when a row fits one tile and the
+    anchor pass leaves at most C keys in the threshold's bucket, those keys are copied to a
+    per-program scratch row and the later passes histogram C keys instead of the tile. With S > 1 chunk s of a row of n live positions is [s*ceil(n/S), ...), each
     chunk program holds ``tile / S`` positions at once, and a second launch selects among the S*k
     candidates (``tile`` at most)."""
     tile: int = 8192
@@ -72,6 +74,7 @@ class TopkLaunch:
     num_warps: int = 8
     anchor: int = 12
     split: int | None = None
+    compact: int = 0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -121,6 +124,18 @@ def _select_digit(h, bins, k_rem):
 
 
 @triton.jit
+def _refine(h, bins, k_rem, prefix, himask, new_lo, dmask):
+    """One pass's outcome from its histogram ``h`` of bits new_lo.. of the matching keys: the digit
+    of the k_rem-th largest appended to the prefix, k_rem less the keys above it, and whether
+    another pass is needed (not once the digit's bucket is wanted whole, or every bit is fixed)."""
+    d, above, in_d, k_rem = _select_digit(h, bins, k_rem)
+    k_rem = k_rem - above
+    prefix = prefix | (d.to(tl.uint32) << new_lo)
+    himask = himask | (dmask << new_lo)
+    return prefix, himask, k_rem, (new_lo > 0) & (in_d > k_rem)
+
+
+@triton.jit
 def _load_keys(row, c, offs, n):
     """Keys of positions c + offs of a row of n live logits (0 past n)."""
     pos = c + offs
@@ -160,15 +175,16 @@ def _store(out, aux, row, sel, slot, pos, start, STAGE: tl.constexpr):
 
 
 @triton.jit
-def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, width, k, stride_xb, stride_ob, num_pages, stride_pb,
+def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, SCRATCH, width, k, stride_xb, stride_ob, num_pages, stride_pb,
                  TILE: tl.constexpr, RADIX: tl.constexpr, OUT_BLOCK: tl.constexpr,
                  ANCHOR: tl.constexpr = 12, STAGE: tl.constexpr = 0, GUARD: tl.constexpr = False,
-                 PAGE: tl.constexpr = 64):
+                 PAGE: tl.constexpr = 64, COMPACT: tl.constexpr = 0):
     """STAGE 0: the top-k of row b's live prefix. STAGE 1 (grid (B, S)): the top-k of chunk s of
     it, written as k candidates (positions to OUT, logits to AUX: [B, S*k], chunk s at s*k, -1 /
     -inf padded). STAGE 2: the top-k of a row's S*k candidates (X), emitted as the positions AUX
     holds for them. GUARD (stages 0, 1): seq_lens[b] is checked and cut as the indexer's
-    contract says (common.live_length) and flagged in the error word ERR."""
+    contract says (common.live_length) and flagged in the error word ERR. COMPACT > 0 (with ANCHOR):
+    SCRATCH holds COMPACT int32 a program ([B * S, COMPACT]) for the threshold bucket's keys."""
     b = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     offs = tl.arange(0, TILE)
@@ -215,18 +231,31 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, width, k, stride_xb, stride_ob, num_
         lo = tl.where(hit, SH, lo)
         k_rem = tl.where(hit, k_rem - above, k_rem)
         busy = tl.where(hit, in_d > k_rem, busy)
+        if COMPACT > 0:
+            # the threshold's bucket, copied out once, is all the later passes look at: the
+            # histograms of the full tile count only its keys anyway (the prefix match)
+            if busy & hit & (n <= TILE) & (in_d <= COMPACT):
+                m = (key0 != 0) & ((key0 & himask) == prefix)
+                slot = tl.cumsum(m.to(tl.int32), 0) - 1
+                scr = SCRATCH + (b * tl.num_programs(1) + s) * COMPACT
+                tl.store(scr + slot, key0.to(tl.int32, bitcast=True), mask=m)
+                tl.debug_barrier()                                   # the copies, seen by every thread
+                ci = tl.arange(0, COMPACT)
+                ck = tl.load(scr + ci, mask=ci < in_d, other=0).to(tl.uint32, bitcast=True)
+                while busy:
+                    new_lo = tl.maximum(lo - RADIX, 0)
+                    dmask = ((1 << (lo - new_lo)) - 1).to(tl.uint32)
+                    h = _digit_hist(ck, himask, prefix, new_lo, dmask, NB)
+                    prefix, himask, k_rem, busy = _refine(h, bins, k_rem, prefix, himask, new_lo, dmask)
+                    lo = new_lo
     while busy:
         new_lo = tl.maximum(lo - RADIX, 0)
         dmask = ((1 << (lo - new_lo)) - 1).to(tl.uint32)
         h = _digit_hist(key0, himask, prefix, new_lo, dmask, NB)
         for c in range(TILE, n, TILE):
             h += _digit_hist(_load_keys(row, c, offs, n), himask, prefix, new_lo, dmask, NB)
-        d, above, in_d, k_rem = _select_digit(h, bins, k_rem)         # the digit of the k_rem-th largest
-        k_rem = k_rem - above
-        prefix = prefix | (d.to(tl.uint32) << new_lo)
-        himask = himask | (dmask << new_lo)
+        prefix, himask, k_rem, busy = _refine(h, bins, k_rem, prefix, himask, new_lo, dmask)
         lo = new_lo
-        busy = (lo > 0) & (in_d > k_rem)                               # stop once d's bucket is wanted whole
     sel, slot, eq_seen, taken = _emit(key0, himask, prefix, k_rem, 0, 0)
     _store(out, aux, row, sel, slot, offs, start, STAGE)
     for c in range(TILE, n, TILE):
@@ -290,14 +319,15 @@ def select(logits, seq_lens, k: int, launch: TopkLaunch, pages=None) -> torch.Te
         return out
     err = errors.word(logits.device) if guard else seq_lens
     pt_stride = table.stride(0) if guard else 0
+    scratch = _scratch(B * S, launch.compact, logits.device) if launch.compact else seq_lens
     if S == 1:
-        launch_kernel(_topk_kernel, (B, 1), (logits, seq_lens, out, out, table, err),
+        launch_kernel(_topk_kernel, (B, 1), (logits, seq_lens, out, out, table, err, scratch),
                       (width, k, logits.stride(0), out.stride(0), num_pages, pt_stride), single)
         return out
     pos, val = candidates(B, S * k, logits.device)
-    launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err),
+    launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err, scratch),
                   (width, k, logits.stride(0), pos.stride(0), num_pages, pt_stride), chunks)
-    launch_kernel(_topk_kernel, (B, 1), (val, seq_lens, out, pos, table, err),
+    launch_kernel(_topk_kernel, (B, 1), (val, seq_lens, out, pos, table, err, scratch),
                   (S * k, k, val.stride(0), out.stride(0), num_pages, 0), merge)
     return out
 
@@ -310,11 +340,14 @@ def _topk_args(launch: TopkLaunch, B, width, k, page_size, guard):
     if launch.tile & (launch.tile - 1) or not 32 <= launch.tile <= 32768 or launch.radix not in (5, 6, 7, 8) \
             or not 0 <= launch.anchor <= 16:
         raise ValueError(f"tile must be a power of two in [32, 32768], radix in 5..8 and anchor in 0..16, got {launch}")
+    if launch.compact and (launch.compact & (launch.compact - 1) or not 32 <= launch.compact <= launch.tile
+                           or launch.anchor == 0):
+        raise ValueError(f"compact must be 0 or a power of two in [32, tile], with anchor > 0, got {launch}")
     S = launch.split or split_for(B, width, k, 2 if is_interpret() else info().sm_count, launch.tile)
     if S & (S - 1) or not 1 <= S <= launch.tile // 32:
         raise ValueError(f"split must be a power of two in [1, tile / 32 = {launch.tile // 32}], got {S}")
     opts = dict(RADIX=launch.radix, OUT_BLOCK=min(OUT_BLOCK, next_power_of_2(k)), ANCHOR=launch.anchor,
-                PAGE=page_size, num_warps=launch.num_warps)
+                PAGE=page_size, COMPACT=launch.compact, num_warps=launch.num_warps)
     return (S, dict(opts, TILE=launch.tile, STAGE=0, GUARD=guard),
             dict(opts, TILE=launch.tile // S, STAGE=1, GUARD=guard),
             dict(opts, TILE=min(launch.tile, next_power_of_2(S * k)), STAGE=2))
@@ -337,3 +370,15 @@ def candidates(B: int, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         ws[0].fill_(torch.iinfo(torch.int32).min)
         ws[1].fill_(float("nan"))
     return ws
+
+
+_SCRATCH: dict = {}
+
+
+def _scratch(programs: int, compact: int, device) -> torch.Tensor:
+    """The compaction's scratch rows, int32 [programs, compact], allocated once per shape (graph-safe
+    like the candidates; every row is written before it is read, so it is never poisoned)."""
+    key = (device, programs, compact)
+    if key not in _SCRATCH:
+        _SCRATCH[key] = torch.empty(programs, compact, dtype=torch.int32, device=device)
+    return _SCRATCH[key]
