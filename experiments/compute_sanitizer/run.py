@@ -16,8 +16,10 @@ cap) and none of its data protocol. ``control:warp_specialize``: each partition 
 global memory; ``control:warp_specialize_capture``: plus a value loaded before the split, handed to
 both; ``control:warp_specialize_smem``: plus what ``hopper`` does around the split (a tile stored to
 shared memory and read by the default partition, two mbarriers initialized, a shared-memory store
-and load among the worker's warps). Hazards in them come from Triton's partition hand-off, not
-from code the lab wrote (README: run 2).
+and load among the worker's warps); ``control:mbarrier_array`` / ``control:mbarrier_separate``:
+the second control after two mbarrier inits, of one allocation (Triton puts ``bar.sync 0, 256``
+between them, as in ``hopper``) or of two (no barrier). Hazards in them come from Triton's
+partition hand-off, not from code the lab wrote (README: run 2).
 
 Rows (``rows``): one per (tool, target): ``finished`` (the target ran to its end under the tool),
 ``errors`` (the sanitizer's count for the whole process, shared by its targets), ``kernels``
@@ -70,6 +72,8 @@ def targets(smoke: bool) -> dict:
         out["control:warp_specialize"] = warp_specialize_control
         out["control:warp_specialize_capture"] = warp_specialize_capture_control
         out["control:warp_specialize_smem"] = warp_specialize_smem_control
+        out["control:mbarrier_array"] = mbarrier_control(_mbarrier_array_kernel)
+        out["control:mbarrier_separate"] = mbarrier_control(_mbarrier_separate_kernel)
     return out
 
 
@@ -104,6 +108,28 @@ if gluon is not None:
     @gluon.jit
     def _capture_kernel(OUT, IN, num_warps: gl.constexpr):
         v = gl.load(IN + gl.program_id(0))            # a value computed before the split, as hopper's row / lo / hi
+        gl.warp_specialize([(_capture_default, (OUT, v)), (_capture_worker, (OUT, v))], [4], [96])
+
+    @gluon.jit
+    def _mbarrier_array_kernel(OUT, IN, num_warps: gl.constexpr):
+        # two mbarriers of one allocation: Triton puts a barrier of the default warps (bar.sync 0, 256)
+        # between their inits, as in hopper's prologue
+        v = gl.load(IN + gl.program_id(0))
+        bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(bars.index(i), count=1)
+        fence_async_shared()
+        gl.warp_specialize([(_capture_default, (OUT, v)), (_capture_worker, (OUT, v))], [4], [96])
+
+    @gluon.jit
+    def _mbarrier_separate_kernel(OUT, IN, num_warps: gl.constexpr):
+        # the same two mbarriers as two allocations: no barrier between the inits (SASS, triton 3.6)
+        v = gl.load(IN + gl.program_id(0))
+        b0 = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        b1 = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(b0, count=1)
+        mbarrier.init(b1, count=1)
+        fence_async_shared()
         gl.warp_specialize([(_capture_default, (OUT, v)), (_capture_worker, (OUT, v))], [4], [96])
 
     @gluon.jit
@@ -159,6 +185,18 @@ def warp_specialize_smem_control():
     want = torch.arange(16, dtype=torch.int32, device="cuda") // 2 + torch.arange(16, device="cuda") % 2
     if not torch.equal(out, want.to(torch.int32)) or not bool((sums == 64 * 256).all()):
         raise RuntimeError(f"the shared-memory control kernel wrote {out.tolist()}, {sums.tolist()}")
+
+
+def mbarrier_control(kernel):
+    """A control that hands a captured value over after two mbarrier inits (``kernel``: the array
+    or the separate allocations)."""
+    def run():
+        out = torch.zeros(2 * 8, dtype=torch.int32, device="cuda")
+        kernel[(8,)](out, torch.arange(8, dtype=torch.int32, device="cuda"), num_warps=8, maxnreg=168)
+        want = torch.arange(16, dtype=torch.int32, device="cuda") // 2 + torch.arange(16, device="cuda") % 2
+        if not torch.equal(out, want.to(torch.int32)):
+            raise RuntimeError(f"the mbarrier control kernel wrote {out.tolist()}")
+    return run
 
 
 def warp_specialize_capture_control():
