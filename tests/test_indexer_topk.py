@@ -126,14 +126,14 @@ def test_rows_split_over_programs_are_the_contract(split, ks, compact):
 def test_compaction_runs_and_keeps_the_contract():
     # the threshold's bucket copied out after the anchor pass: the scratch row is written (the path
     # ran), and the answer is the contract's, on rows whose bucket fits and rows whose does not
-    from dsv4lab.kernels import topk
+    from dsv4lab.kernels import common
     g = torch.Generator().manual_seed(5)
     x = torch.randn(3, 1000, generator=g)
     x[1, :900] = 1.0                            # 900 equal keys in the threshold's bucket: more than C
     x[2] = x[2] * 1e-3 + 7.0                    # values within one bucket of the anchor: all of them
     n = _lens(1000, 1000, 999)
     for C in (32, 256):
-        scratch = topk._scratch(3, C, x.device)
+        scratch = common.reused("topk.scratch", (3, C), torch.int32, x.device, poison=False)
         scratch.fill_(-7)
         launch = TopkLaunch(compact=C)
         for k in (1, 17, 200):

@@ -279,8 +279,9 @@ def launch_kernel(kernel, grid: tuple, tensors: tuple, scalars: tuple, consts: d
     compiles and returns the kernel; later calls hand that kernel's launcher the arguments
     directly. The signature is what Triton specializes on, or finer: the tensors' dtypes, the
     scalars' values and types (Triton looks at an int's ``== 1``, ``% 16 == 0`` and range, and
-    never at a float's), the grid, the device and ``consts``, with every tensor 16-byte aligned. It is taken
-    with C-level loops (``map``): a Python loop over twenty arguments costs as much as the launch.
+    never at a float's), the grid, the device and ``consts``, with every tensor 16-byte aligned.
+    It is taken with C-level loops (``map``): a Python loop over twenty arguments costs as much as
+    the launch.
     ``tensors`` are the kernel's leading parameters, ``scalars`` the hashable ones after them;
     ``consts`` (constexprs and launch options) must be one dict object per shape, as the per-shape
     ``lru_cache`` helpers return. The interpreter, a Triton launch hook (the proton profiler's),
@@ -338,14 +339,36 @@ def _launch_hooked() -> bool:
 _POISON = [False]
 
 
+def _poison_value(dtype: torch.dtype):
+    """NaN, or an integer dtype's smallest value: what no kernel writes."""
+    return float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min
+
+
 def alloc(shape, dtype, device) -> torch.Tensor:
     """Output buffers of every kernel. Under dsv4lab.testing.poisoned() they come pre-filled
     with NaN (integer buffers: the dtype's smallest value, which no kernel writes), so an element
     a kernel forgets to write fails the check instead of passing on whatever the memory held."""
     if _POISON[0]:
-        fill = float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min
-        return torch.full(shape, fill, dtype=dtype, device=device)
+        return torch.full(shape, _poison_value(dtype), dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
+
+
+_REUSED: dict = {}
+
+
+def reused(name: str, shape: tuple, dtype: torch.dtype, device, *, poison: bool = True) -> torch.Tensor:
+    """A workspace kept per (name, shape, dtype, device) and handed out again on every call, so a
+    CUDA graph that captured its address stays valid (split-K's partials, the top-k's candidates).
+    Two calls of one shape must not run concurrently on different streams. Under
+    testing.poisoned() it is refilled as ``alloc`` fills (``poison``), so an element a launch
+    forgets to write fails the check."""
+    key = (name, shape, dtype, device if isinstance(device, torch.device) else torch.device(device))
+    t = _REUSED.get(key)
+    if t is None:
+        t = _REUSED[key] = torch.empty(shape, dtype=dtype, device=device)
+    if poison and _POISON[0]:
+        t.fill_(_poison_value(dtype))
+    return t
 
 
 def finish(out: torch.Tensor) -> torch.Tensor:

@@ -30,8 +30,8 @@ import triton.language as tl
 from .. import errors
 from ..api import register
 from ..planning import STORY_TILES, Launch, choose_tiles, launch_for, per_shape
-from .common import (launch_kernel, INDEX_FLAG, LOG2E, MAX_SCALE_BYTE, NONFINITE_FLAG, SINK_FLAG, alloc, cache_views, cdiv, decode_call,
-                     dequant_kv, dot_dtype, finish, gather_kv_tile, in_cache, load_kv_raw, out_dtype,
+from .common import (INDEX_FLAG, LOG2E, MAX_SCALE_BYTE, NONFINITE_FLAG, SINK_FLAG, alloc, cache_views, cdiv, decode_call,
+                     dequant_kv, dot_dtype, finish, gather_kv_tile, in_cache, launch_kernel, load_kv_raw, out_dtype,
                      prefetch_kv_l2_bulk, row_length, token_limit)
 
 

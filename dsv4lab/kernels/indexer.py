@@ -38,7 +38,7 @@ import triton.language as tl
 from ..api import register
 from ..cache import INDEX_DIM, IndexKCache
 from ..device import info, is_interpret
-from .common import alloc, cdiv, launch_kernel, dot_dtype, next_power_of_2
+from .common import alloc, cdiv, dot_dtype, launch_kernel, next_power_of_2
 from .topk import TOPK, TopkLaunch, select, topk_triton
 
 

@@ -25,7 +25,7 @@ from .. import errors
 from ..api import register
 from ..planning import Launch, choose, choose_split, launch_of_plan, per_shape
 from . import common, head_batched
-from .common import NONFINITE_FLAG, SINK_FLAG, alloc, launch_kernel, cdiv, finish, next_power_of_2, out_dtype
+from .common import NONFINITE_FLAG, SINK_FLAG, alloc, cdiv, finish, launch_kernel, next_power_of_2, out_dtype
 
 
 @triton.jit
@@ -132,28 +132,18 @@ def _combine_args(B, H, nsplit, D, partials: torch.dtype, has_sink, pdl, heads, 
                                      num_warps=num_warps, **(dict(USE_GDC=True, launch_pdl=True) if pdl else {}))
 
 
-_WORKSPACE: dict = {}
-
-
-def workspace(B, H, nsplit, device, partials: str = "float32"):
+def workspace(B, H, nsplit, device, partials: str = "float32", *, poison: bool = False):
     """Partials (o [B, H, NSPLIT, 512] in ``partials``, lse [B, H, NSPLIT] fp32), allocated once
-    per shape and reused (a CUDA graph captures their addresses). One workspace per shape: two
-    split-K calls of one shape must not run concurrently on different streams."""
-    key = (device if isinstance(device, torch.device) else torch.device(device), B, H, nsplit, partials)
-    if key not in _WORKSPACE:
-        _WORKSPACE[key] = (torch.empty(B, H, nsplit, 512, dtype=getattr(torch, partials), device=device),
-                           torch.empty(B, H, nsplit, dtype=torch.float32, device=device))
-    return _WORKSPACE[key]
+    per shape and reused (common.reused: a CUDA graph captures their addresses; two split-K calls
+    of one shape must not run concurrently on different streams)."""
+    return (common.reused("split_k.o", (B, H, nsplit, 512), getattr(torch, partials), device, poison=poison),
+            common.reused("split_k.lse", (B, H, nsplit), torch.float32, device, poison=poison))
 
 
 def partials_for(B, H, nsplit, device, partials: str):
     """The workspace of one split launch; under testing.poisoned() refilled with NaN first, so a
     partial the split launch forgets to write fails the check."""
-    o_part, lse_part = workspace(B, H, nsplit, device, partials)
-    if common._POISON[0]:
-        o_part.fill_(float("nan"))
-        lse_part.fill_(float("nan"))
-    return o_part, lse_part
+    return workspace(B, H, nsplit, device, partials, poison=True)
 
 
 def run(q, cache, indices, topk_len, sm_scale, attn_sink, opts: Launch):

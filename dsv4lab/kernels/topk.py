@@ -64,11 +64,11 @@ class TopkLaunch:
     with the bins); ``num_warps``: one program per row, so 8 warps hold 8192 keys as 32 a thread;
     ``anchor``: the key bits of pass 0's buckets (0: no pass 0, the radix starts at the top bit);
     ``split``: programs per row S (a power of two; None: ``split_for`` from the shapes; 1: the
-    one-launch path); ``compact``: 0, or C (a power of two >= 32): when a row fits one tile and the
-    anchor pass leaves at most C keys in the threshold's bucket, those keys are copied to a
-    per-program scratch row and the later passes histogram C keys instead of the tile. With S > 1 chunk s of a row of n live positions is [s*ceil(n/S), ...), each
+    one-launch path). With S > 1 chunk s of a row of n live positions is [s*ceil(n/S), ...), each
     chunk program holds ``tile / S`` positions at once, and a second launch selects among the S*k
-    candidates (``tile`` at most)."""
+    candidates (``tile`` at most). ``compact``: 0, or C (a power of two >= 32): when a row fits one
+    tile and the anchor pass leaves at most C keys in the threshold's bucket, those keys are copied
+    to a per-program scratch row and the later passes histogram C keys instead of the tile."""
     tile: int = 8192
     radix: int = 5
     num_warps: int = 8
@@ -319,12 +319,16 @@ def select(logits, seq_lens, k: int, launch: TopkLaunch, pages=None) -> torch.Te
         return out
     err = errors.word(logits.device) if guard else seq_lens
     pt_stride = table.stride(0) if guard else 0
-    scratch = _scratch(B * S, launch.compact, logits.device) if launch.compact else seq_lens
+    # the compaction's scratch rows: written before they are read, so never poisoned
+    scratch = (common.reused("topk.scratch", (B * S, launch.compact), torch.int32, logits.device, poison=False)
+               if launch.compact else seq_lens)
     if S == 1:
         launch_kernel(_topk_kernel, (B, 1), (logits, seq_lens, out, out, table, err, scratch),
                       (width, k, logits.stride(0), out.stride(0), num_pages, pt_stride), single)
         return out
-    pos, val = candidates(B, S * k, logits.device)
+    # the chunks' candidates, kept per shape (common.reused)
+    pos = common.reused("topk.pos", (B, S * k), torch.int32, logits.device)
+    val = common.reused("topk.val", (B, S * k), torch.float32, logits.device)
     launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err, scratch),
                   (width, k, logits.stride(0), pos.stride(0), num_pages, pt_stride), chunks)
     launch_kernel(_topk_kernel, (B, 1), (val, seq_lens, out, pos, table, err, scratch),
@@ -351,34 +355,3 @@ def _topk_args(launch: TopkLaunch, B, width, k, page_size, guard):
     return (S, dict(opts, TILE=launch.tile, STAGE=0, GUARD=guard),
             dict(opts, TILE=launch.tile // S, STAGE=1, GUARD=guard),
             dict(opts, TILE=min(launch.tile, next_power_of_2(S * k)), STAGE=2))
-
-
-_CANDIDATES: dict = {}
-
-
-def candidates(B: int, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The split's workspace (positions int32 [B, n], logits float32 [B, n]), allocated once per
-    shape and reused (a CUDA graph captures their addresses; two calls of one shape must not run
-    concurrently on different streams). Under testing.poisoned() refilled first (positions with
-    int32's smallest value, logits NaN), so a candidate the chunks forget to write fails the check."""
-    key = (device, B, n)
-    ws = _CANDIDATES.get(key)
-    if ws is None:
-        ws = _CANDIDATES[key] = (torch.empty(B, n, dtype=torch.int32, device=device),
-                                 torch.empty(B, n, dtype=torch.float32, device=device))
-    if common._POISON[0]:
-        ws[0].fill_(torch.iinfo(torch.int32).min)
-        ws[1].fill_(float("nan"))
-    return ws
-
-
-_SCRATCH: dict = {}
-
-
-def _scratch(programs: int, compact: int, device) -> torch.Tensor:
-    """The compaction's scratch rows, int32 [programs, compact], allocated once per shape (graph-safe
-    like the candidates; every row is written before it is read, so it is never poisoned)."""
-    key = (device, programs, compact)
-    if key not in _SCRATCH:
-        _SCRATCH[key] = torch.empty(programs, compact, dtype=torch.int32, device=device)
-    return _SCRATCH[key]

@@ -69,11 +69,11 @@ def targets(smoke: bool) -> dict:
     out["indexer_topk:triton"] = lambda: dsv4lab.indexer_topk(*idx.args(), max_seq_len=L, topk=16 if smoke else 64,
                                                                impl="triton")
     if not smoke and hopper.unavailable_reason() is None:
-        out["control:warp_specialize"] = warp_specialize_control
-        out["control:warp_specialize_capture"] = warp_specialize_capture_control
-        out["control:warp_specialize_smem"] = warp_specialize_smem_control
-        out["control:mbarrier_array"] = mbarrier_control(_mbarrier_array_kernel)
-        out["control:mbarrier_separate"] = mbarrier_control(_mbarrier_separate_kernel)
+        out["control:warp_specialize"] = control(_control_kernel, captured=False)
+        out["control:warp_specialize_capture"] = control(_capture_kernel)
+        out["control:warp_specialize_smem"] = control(_smem_kernel, tile=True)
+        out["control:mbarrier_array"] = control(_mbarrier_array_kernel)
+        out["control:mbarrier_separate"] = control(_mbarrier_separate_kernel)
     return out
 
 
@@ -166,47 +166,28 @@ if gluon is not None:
         gl.warp_specialize([(_smem_default, (OUT, SUM, v, tile)), (_smem_worker, (OUT, v, wbuf))], [4], [96])
 
 
-def warp_specialize_control():
-    """The control target: the hopper kernel's warp_specialize shape, no shared memory of the lab's."""
-    out = torch.zeros(2 * 8, dtype=torch.int32, device="cuda")
-    _control_kernel[(8,)](out, num_warps=8, maxnreg=168)
-    want = torch.arange(16, dtype=torch.int32, device="cuda") // 2 + torch.arange(16, device="cuda") % 2
-    if not torch.equal(out, want.to(torch.int32)):
-        raise RuntimeError(f"the control kernel wrote {out.tolist()}")
-
-
-def warp_specialize_smem_control():
-    """The third control: the second, after a shared-memory tile and two mbarrier inits, as hopper."""
-    out = torch.zeros(2 * 8, dtype=torch.int32, device="cuda")
-    inp = torch.arange(8, dtype=torch.int32, device="cuda")
-    x = torch.ones(64, 256, dtype=torch.bfloat16, device="cuda")
-    sums = torch.zeros(8, dtype=torch.float32, device="cuda")
-    _smem_kernel[(8,)](out, sums, inp, x, num_warps=8, maxnreg=168)
-    want = torch.arange(16, dtype=torch.int32, device="cuda") // 2 + torch.arange(16, device="cuda") % 2
-    if not torch.equal(out, want.to(torch.int32)) or not bool((sums == 64 * 256).all()):
-        raise RuntimeError(f"the shared-memory control kernel wrote {out.tolist()}, {sums.tolist()}")
-
-
-def mbarrier_control(kernel):
-    """A control that hands a captured value over after two mbarrier inits (``kernel``: the array
-    or the separate allocations)."""
+def control(kernel, *, captured: bool = True, tile: bool = False):
+    """A control target: ``kernel`` on 8 programs, each partition writing one value to ``out``
+    (the default partition program p at 2p, the worker p + 1 at 2p + 1); ``captured``: p comes in
+    through a tensor loaded before the split; ``tile``: a [64, 256] bf16 tile of ones is stored to
+    shared memory and summed by the default partition. Raises unless every value is right."""
     def run():
-        out = torch.zeros(2 * 8, dtype=torch.int32, device="cuda")
-        kernel[(8,)](out, torch.arange(8, dtype=torch.int32, device="cuda"), num_warps=8, maxnreg=168)
-        want = torch.arange(16, dtype=torch.int32, device="cuda") // 2 + torch.arange(16, device="cuda") % 2
-        if not torch.equal(out, want.to(torch.int32)):
-            raise RuntimeError(f"the mbarrier control kernel wrote {out.tolist()}")
+        dev = "cuda"
+        out = torch.zeros(16, dtype=torch.int32, device=dev)
+        args = [out]
+        sums = torch.zeros(8, dtype=torch.float32, device=dev)
+        if tile:
+            args.append(sums)
+        if captured:
+            args.append(torch.arange(8, dtype=torch.int32, device=dev))
+        if tile:
+            args.append(torch.ones(64, 256, dtype=torch.bfloat16, device=dev))
+        kernel[(8,)](*args, num_warps=8, maxnreg=168)
+        want = (torch.arange(16, device=dev) // 2 + torch.arange(16, device=dev) % 2).to(torch.int32)
+        if not torch.equal(out, want) or (tile and not bool((sums == 64 * 256).all())):
+            name = getattr(kernel, "fn", kernel).__name__
+            raise RuntimeError(f"the control kernel {name} wrote {out.tolist()}, {sums.tolist()}")
     return run
-
-
-def warp_specialize_capture_control():
-    """The second control: a value loaded before the split handed to both partitions."""
-    out = torch.zeros(2 * 8, dtype=torch.int32, device="cuda")
-    inp = torch.arange(8, dtype=torch.int32, device="cuda")
-    _capture_kernel[(8,)](out, inp, num_warps=8, maxnreg=168)
-    want = torch.arange(16, dtype=torch.int32, device="cuda") // 2 + torch.arange(16, device="cuda") % 2
-    if not torch.equal(out, want.to(torch.int32)):
-        raise RuntimeError(f"the capture control kernel wrote {out.tolist()}")
 
 
 def run_targets(smoke: bool, log=print, only: str = "") -> list[dict]:
