@@ -175,10 +175,25 @@ def _store(out, aux, row, sel, slot, pos, start, STAGE: tl.constexpr):
 
 
 @triton.jit
-def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, SCRATCH, width, k, stride_xb, stride_ob, num_pages, stride_pb,
+def _clock(trace, slot: tl.constexpr, after=None):
+    """TRACE[program, slot] = %globaltimer, read after ``after`` (a scalar) exists."""
+    if after is None:
+        t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+    else:
+        t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer; // $1", "=l,r", [after.to(tl.int32, bitcast=True) if after.dtype == tl.uint32 else after.to(tl.int32)],
+                                      dtype=tl.int64, is_pure=False, pack=1)
+    tl.store(trace + slot, t)
+
+
+#: (stage name, int64 [programs, 10] buffer) the experiment fills; None: untraced
+TRACE_BUFFERS: dict = {}
+
+
+@triton.jit
+def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, SCRATCH, TRACE, width, k, stride_xb, stride_ob, num_pages, stride_pb,
                  TILE: tl.constexpr, RADIX: tl.constexpr, OUT_BLOCK: tl.constexpr,
                  ANCHOR: tl.constexpr = 12, STAGE: tl.constexpr = 0, GUARD: tl.constexpr = False,
-                 PAGE: tl.constexpr = 64, COMPACT: tl.constexpr = 0):
+                 PAGE: tl.constexpr = 64, COMPACT: tl.constexpr = 0, TRACED: tl.constexpr = False):
     """STAGE 0: the top-k of row b's live prefix. STAGE 1 (grid (B, S)): the top-k of chunk s of
     it, written as k candidates (positions to OUT, logits to AUX: [B, S*k], chunk s at s*k, -1 /
     -inf padded). STAGE 2: the top-k of a row's S*k candidates (X), emitted as the positions AUX
@@ -187,6 +202,9 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, SCRATCH, width, k, stride_xb, stride
     SCRATCH holds COMPACT int32 a program ([B * S, COMPACT]) for the threshold bucket's keys."""
     b = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
+    trace = TRACE + (b * tl.num_programs(1) + s) * 10
+    if TRACED:
+        _clock(trace, 0)
     offs = tl.arange(0, TILE)
     start = 0
     if STAGE == 2:
@@ -215,11 +233,14 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, SCRATCH, width, k, stride_xb, stride
     lo = tl.full([], 32, tl.int32)         # bits lo..31 are fixed
     k_rem = k                              # how many keys equal to the prefix are still wanted
     busy = lo > 0
+    passes = 0
     if ANCHOR > 0:
         SH: tl.constexpr = 32 - ANCHOR
         kmax = tl.max(key0, 0)
         for c in range(TILE, n, TILE):
             kmax = tl.maximum(kmax, tl.max(_load_keys(row, c, offs, n), 0))
+        if TRACED:
+            _clock(trace, 1, kmax)
         base = (kmax >> SH).to(tl.int32) - (NB - 1)
         h = _anchor_hist(key0, base, SH, NB)
         for c in range(TILE, n, TILE):
@@ -231,6 +252,8 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, SCRATCH, width, k, stride_xb, stride
         lo = tl.where(hit, SH, lo)
         k_rem = tl.where(hit, k_rem - above, k_rem)
         busy = tl.where(hit, in_d > k_rem, busy)
+        if TRACED:
+            _clock(trace, 2, k_rem)
         if COMPACT > 0:
             # the threshold's bucket, copied out once, is all the later passes look at: the
             # histograms of the full tile count only its keys anyway (the prefix match)
@@ -248,6 +271,7 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, SCRATCH, width, k, stride_xb, stride
                     h = _digit_hist(ck, himask, prefix, new_lo, dmask, NB)
                     prefix, himask, k_rem, busy = _refine(h, bins, k_rem, prefix, himask, new_lo, dmask)
                     lo = new_lo
+                    passes += 1
     while busy:
         new_lo = tl.maximum(lo - RADIX, 0)
         dmask = ((1 << (lo - new_lo)) - 1).to(tl.uint32)
@@ -256,17 +280,27 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, SCRATCH, width, k, stride_xb, stride
             h += _digit_hist(_load_keys(row, c, offs, n), himask, prefix, new_lo, dmask, NB)
         prefix, himask, k_rem, busy = _refine(h, bins, k_rem, prefix, himask, new_lo, dmask)
         lo = new_lo
+        passes += 1
+    if TRACED:
+        _clock(trace, 3, prefix)
     sel, slot, eq_seen, taken = _emit(key0, himask, prefix, k_rem, 0, 0)
     _store(out, aux, row, sel, slot, offs, start, STAGE)
     for c in range(TILE, n, TILE):
         sel, slot, eq_seen, taken = _emit(_load_keys(row, c, offs, n), himask, prefix, k_rem, eq_seen, taken)
         _store(out, aux, row, sel, slot, c + offs, start, STAGE)
+    if TRACED:
+        _clock(trace, 4, taken)
     o = tl.arange(0, OUT_BLOCK)
     for c in range(0, k, OUT_BLOCK):
         pad = (c + o >= taken) & (c + o < k)
         tl.store(out + c + o, tl.full([OUT_BLOCK], -1, tl.int32), mask=pad)
         if STAGE == 1:
             tl.store(aux + c + o, tl.full([OUT_BLOCK], float("-inf"), tl.float32), mask=pad)
+    if TRACED:
+        _clock(trace, 5)
+        tl.store(trace + 8, passes)
+        tl.store(trace + 9, tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32,
+                                                      is_pure=True, pack=1).to(tl.int64))
 
 
 def split_for(B: int, width: int, k: int, sm_count: int, tile: int = 8192, most: int = 4) -> int:
@@ -323,17 +357,35 @@ def select(logits, seq_lens, k: int, launch: TopkLaunch, pages=None) -> torch.Te
     scratch = (common.reused("topk.scratch", (B * S, launch.compact), torch.int32, logits.device, poison=False)
                if launch.compact else seq_lens)
     if S == 1:
-        launch_kernel(_topk_kernel, (B, 1), (logits, seq_lens, out, out, table, err, scratch),
+        tr, single = _traced("single", single, seq_lens)
+        launch_kernel(_topk_kernel, (B, 1), (logits, seq_lens, out, out, table, err, scratch, tr),
                       (width, k, logits.stride(0), out.stride(0), num_pages, pt_stride), single)
         return out
     # the chunks' candidates, kept per shape (common.reused)
     pos = common.reused("topk.pos", (B, S * k), torch.int32, logits.device)
     val = common.reused("topk.val", (B, S * k), torch.float32, logits.device)
-    launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err, scratch),
+    tr, chunks = _traced("chunks", chunks, seq_lens)
+    launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err, scratch, tr),
                   (width, k, logits.stride(0), pos.stride(0), num_pages, pt_stride), chunks)
-    launch_kernel(_topk_kernel, (B, 1), (val, seq_lens, out, pos, table, err, scratch),
+    tr, merge = _traced("merge", merge, seq_lens)
+    launch_kernel(_topk_kernel, (B, 1), (val, seq_lens, out, pos, table, err, scratch, tr),
                   (S * k, k, val.stride(0), out.stride(0), num_pages, 0), merge)
     return out
+
+
+_TRACED_CONSTS: dict = {}
+
+
+def _traced(stage, consts, dummy):
+    """(trace buffer, constexprs) of a launch: TRACE_BUFFERS[stage] and TRACED=True when the
+    experiment set one (one consts dict per stage and shape, as launch_kernel wants)."""
+    t = TRACE_BUFFERS.get(stage)
+    if t is None:
+        return dummy, consts
+    key = (stage, id(consts))
+    if key not in _TRACED_CONSTS:
+        _TRACED_CONSTS[key] = dict(consts, TRACED=True)
+    return t, _TRACED_CONSTS[key]
 
 
 @functools.lru_cache(maxsize=1024)

@@ -33,9 +33,6 @@ import statistics
 import time
 
 import contextlib
-import cProfile
-import io
-import pstats
 
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 
@@ -121,23 +118,6 @@ def primitives(smoke, cases: dict) -> dict | None:
     return {k: round(host_us(f, False, batches=9, calls=200), 2) for k, f in prims.items()}
 
 
-def profile(fn, smoke, calls=300, top=25) -> list:
-    """The top functions by own time over ``calls`` eager calls: microseconds a call."""
-    calls = 2 if smoke else calls
-    fn()
-    p = cProfile.Profile()
-    p.enable()
-    for _ in range(calls):
-        fn()
-    p.disable()
-    if not smoke:
-        torch.cuda.synchronize()
-    st = pstats.Stats(p, stream=io.StringIO())
-    rows = sorted(((f"{k[0].split('/')[-1]}:{k[1]}({k[2]})", v[1] / calls, v[2] / calls * 1e6, v[3] / calls * 1e6)
-                   for k, v in st.stats.items()), key=lambda r: -r[2])
-    return [dict(function=f, calls=n, own_us=round(own, 2), cum_us=round(cum, 2)) for f, n, own, cum in rows[:top]]
-
-
 def main(argv=None):
     a = ab.parse_args(__doc__, argv=argv)
     smoke = a.smoke
@@ -171,7 +151,7 @@ def main(argv=None):
                                                              impl="triton"),
     }
     payload["primitives"] = primitives(smoke, cases)
-    payload["profile"] = {k: profile(f, smoke) for k, f in cases.items()}
+    payload["profile"] = {k: ab.host_profile(f, smoke) for k, f in cases.items()}
     payload["complete"] = True
     ab.write(a.out, QUESTION, smoke, **payload)
 

@@ -32,6 +32,7 @@ Graph replay, do_bench median with L2 flushed, microseconds. ~1.5-2 minutes on a
 """
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 
+import gc
 import math
 import time
 from dataclasses import replace
@@ -232,6 +233,14 @@ def run_eager(smoke, inp) -> dict:
                fn_graph_us=ab.time_us(lambda: registered("triton")(inp), smoke),
                split1_eager_us=one_e["median_us"], split1_host_us=one_e["host_us"],
                split1_graph_us=ab.time_us(one_launch, smoke))
+    # where the host's time goes (cProfile, us a call), and the API without Python's garbage collector
+    row["api_profile"] = ab.host_profile(api_call, smoke, calls=200, top=15)
+    gc.disable()
+    try:
+        nogc = eager_us(api_call, smoke)
+    finally:
+        gc.enable()
+    row.update(api_eager_nogc_us=nogc["median_us"], api_host_nogc_us=nogc["host_us"])
     try:              # the API call itself captured (device mode: its host checks read no device value)
         row["api_graph_us"] = ab.time_us(api_call, smoke)
     except Exception as e:
@@ -260,6 +269,12 @@ def main(argv=None):
     # 1. checks
     B, live = (3, 300) if smoke else (32, 8192)
     rows += run_checks(smoke, B, 700 if smoke else 262208, live)
+    save()
+    # eager before the torch sections below have allocated gigabytes (the same call is timed again after)
+    inp = make_indexer_inputs(B, H, 700 if smoke else 262208, seq_lens=live, seed=13)
+    rows.append(ab.attempt(dict(kind="eager_first", impl="triton", B=B, live=live, max_seq_len=inp.max_seq_len),
+                           lambda: run_eager(smoke, inp)))
+    del inp
     save()
 
     # 2./3. the step against the max context (the torch paths at two sizes), eager against graph
