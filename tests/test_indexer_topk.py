@@ -147,6 +147,27 @@ def test_compaction_runs_and_keeps_the_contract():
         _topk(x, n, 4, TopkLaunch(compact=64, anchor=0))
 
 
+def test_ranked_bucket_keeps_ties_and_order_for_every_k():
+    # the compacted bucket is ranked whole: 24 keys of 5 values within one bucket (repeats at every
+    # rank, the k-th landing inside a run of equal keys), the rest of the row far below
+    from dsv4lab.kernels import common
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(2, 600, generator=g) * 0.01 - 5.0
+    vals = torch.tensor([1.0, 1.0005, 1.001, 1.002, 1.003])
+    for b in range(2):
+        pos = torch.randperm(600, generator=g)[:24]
+        x[b, pos] = vals[torch.randint(0, 5, (24,), generator=g)]
+    x[1, 3] = 1.05                               # one above the run, still in the bucket
+    n = _lens(600, 590)
+    scratch = common.reused("topk.scratch", (2, 32), torch.int32, x.device, poison=False)
+    for k in range(1, 26):
+        scratch.fill_(-7)
+        want = reference.topk_positions(x.masked_fill(torch.arange(600) >= n[:, None], -math.inf), k)
+        assert torch.equal(_topk(x, n, k, TopkLaunch(compact=32)), want), k
+        if k < 24:
+            assert (scratch != -7).any(), k      # the bucket was ranked, not refined pass by pass
+
+
 def test_split_is_chosen_from_shapes_only():
     assert split_for(32, 262208, 512, 132) == 4 and split_for(32, 1048576, 512, 132) == 4
     assert split_for(64, 262208, 512, 132) == 2 and split_for(128, 262208, 512, 132) == 1

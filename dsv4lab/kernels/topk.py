@@ -136,6 +136,28 @@ def _refine(h, bins, k_rem, prefix, himask, new_lo, dmask):
 
 
 @triton.jit
+def _rank_select(scr, m, k_rem, C: tl.constexpr, J: tl.constexpr = 32):
+    """The k_rem-th largest of the m (<= C) keys at scr[0:m]: the largest key with at least k_rem
+    keys >= it. Each key counts the keys >= it, J at a time (a [C, J] compare, not [C, C])."""
+    i = tl.arange(0, C)
+    ki = tl.load(scr + i, mask=i < m, other=0).to(tl.uint32, bitcast=True)
+    ge = tl.zeros([C], tl.int32)
+    for j0 in range(0, m, J):
+        j = j0 + tl.arange(0, J)
+        kj = tl.load(scr + j, mask=j < m, other=0).to(tl.uint32, bitcast=True)    # 0: below every key
+        ge += tl.sum((kj[None, :] >= ki[:, None]).to(tl.int32), 1)
+    return tl.max(tl.where((i < m) & (ge >= k_rem), ki, 0), 0)
+
+
+@triton.jit
+def _count_above(scr, m, t, C: tl.constexpr):
+    """How many of the m keys at scr[0:m] are above t."""
+    i = tl.arange(0, C)
+    ki = tl.load(scr + i, mask=i < m, other=0).to(tl.uint32, bitcast=True)
+    return tl.sum(((i < m) & (ki > t)).to(tl.int32), 0)
+
+
+@triton.jit
 def _load_keys(row, c, offs, n):
     """Keys of positions c + offs of a row of n live logits (0 past n)."""
     pos = c + offs
@@ -255,23 +277,18 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, SCRATCH, TRACE, width, k, stride_xb,
         if TRACED:
             _clock(trace, 2, k_rem)
         if COMPACT > 0:
-            # the threshold's bucket, copied out once, is all the later passes look at: the
-            # histograms of the full tile count only its keys anyway (the prefix match)
+            # the threshold's bucket, when small, is ranked whole instead of refined pass by pass:
+            # a pass costs its barriers more than its keys, so one ranking replaces up to four
             if busy & hit & (n <= TILE) & (in_d <= COMPACT):
                 m = (key0 != 0) & ((key0 & himask) == prefix)
                 slot = tl.cumsum(m.to(tl.int32), 0) - 1
                 scr = SCRATCH + (b * tl.num_programs(1) + s) * COMPACT
                 tl.store(scr + slot, key0.to(tl.int32, bitcast=True), mask=m)
                 tl.debug_barrier()                                   # the copies, seen by every thread
-                ci = tl.arange(0, COMPACT)
-                ck = tl.load(scr + ci, mask=ci < in_d, other=0).to(tl.uint32, bitcast=True)
-                while busy:
-                    new_lo = tl.maximum(lo - RADIX, 0)
-                    dmask = ((1 << (lo - new_lo)) - 1).to(tl.uint32)
-                    h = _digit_hist(ck, himask, prefix, new_lo, dmask, NB)
-                    prefix, himask, k_rem, busy = _refine(h, bins, k_rem, prefix, himask, new_lo, dmask)
-                    lo = new_lo
-                    passes += 1
+                prefix = _rank_select(scr, in_d, k_rem, COMPACT)
+                himask = ~tl.zeros([], tl.uint32)
+                k_rem = k_rem - _count_above(scr, in_d, prefix, COMPACT)
+                busy = k_rem < 0                                      # found: no pass left
     while busy:
         new_lo = tl.maximum(lo - RADIX, 0)
         dmask = ((1 << (lo - new_lo)) - 1).to(tl.uint32)

@@ -55,7 +55,7 @@ H = 64
 #: (split, warps, compact) of the top-k launches timed: the splits, S = 4 at 4 and 16 warps, and the
 #: threshold bucket's compaction (TopkLaunch.compact) in one program a row and on the shipped split
 SPLITS = [(None, None, 0), (1, None, 0), (2, None, 0), (4, None, 0), (8, None, 0), (4, 4, 0), (4, 16, 0),
-          (1, None, 256), (1, None, 512), (1, 16, 256), (None, None, 256)]
+          (1, None, 256), (1, None, 512), (1, 16, 512), (2, None, 256), (None, None, 256), (None, None, 512)]
 #: the logits launches timed: the shipped one (run 1's pick) and run 1's default
 LOGITS_LAUNCHES = {"shipped": LOGITS, "run1": LOGITS_RUN1}
 

@@ -20,7 +20,7 @@ import torch
 
 from dsv4lab import ab
 from dsv4lab.kernels import indexer, topk
-from dsv4lab.kernels.topk import TOPK, topk_triton
+from dsv4lab.kernels.topk import topk_triton
 from dsv4lab.testing import make_indexer_inputs
 
 QUESTION = "Where does the top-k kernel's time go: which phase, which program, between the launches?"
@@ -47,12 +47,12 @@ def stage_stats(traces: list) -> dict:
     return out, per
 
 
-def case(name, B, split, smoke):
+def case(name, B, split, smoke, compact=0):
     inp = make_indexer_inputs(B, 8 if smoke else H, 700 if smoke else L, seq_lens=300 if smoke else LIVE, seed=52)
     x = indexer.logits_triton(*inp.args(), inp.max_seq_len, fill_dead=False)
-    launch = TOPK if split is None else topk.TopkLaunch(split=split)
+    launch = topk.TopkLaunch(split=split, compact=compact)
     fn = lambda: topk_triton(x, inp.seq_lens, K, launch=launch)  # noqa: E731
-    row = dict(case=name, B=B, split=split, untraced_us=ab.time_us(fn, smoke))
+    row = dict(case=name, B=B, split=split, compact=compact, untraced_us=ab.time_us(fn, smoke))
     S = launch.split or topk.split_for(B, inp.max_seq_len, K, torch.cuda.get_device_properties(0).multi_processor_count
                                        if not smoke else 2)
     row["resolved_split"] = S
@@ -93,9 +93,11 @@ def main(argv=None):
     a = ab.parse_args(__doc__, None, argv)
     t0 = time.time()
     rows = []
-    for name, B, split in (("B=32 shipped split", 32, None), ("B=32 one launch", 32, 1), ("B=1 shipped split", 1, None),
-                           ("B=1 one launch", 1, 1)):
-        rows.append(ab.attempt(dict(case=name), lambda B=B, split=split, name=name: case(name, B, split, a.smoke)))
+    for name, B, split, C in (("B=32 shipped split", 32, None, 0), ("B=32 one launch", 32, 1, 0),
+                              ("B=1 shipped split", 1, None, 0), ("B=1 one launch", 1, 1, 0),
+                              ("B=32 shipped split, ranked bucket 256", 32, None, 256),
+                              ("B=32 one launch, ranked bucket 512", 32, 1, 512)):
+        rows.append(ab.attempt(dict(case=name), lambda B=B, split=split, name=name, C=C: case(name, B, split, a.smoke, C)))
         ab.write(a.out, QUESTION, a.smoke, rows=rows, seconds=round(time.time() - t0, 1), complete=False)
     ab.write(a.out, QUESTION, a.smoke, rows=rows, seconds=round(time.time() - t0, 1), complete=True)
 
