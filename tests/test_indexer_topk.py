@@ -27,10 +27,8 @@ def _lens(*v):
     return torch.tensor(v, dtype=torch.int32)
 
 
-@pytest.mark.parametrize("launch", [None, SMALL, TopkLaunch(tile=128, radix=8), TopkLaunch(anchor=0),
-                                    TopkLaunch(compact=32), TopkLaunch(compact=256), TopkLaunch(tile=64, compact=32)],
-                         ids=["one tile", "tiles of 64", "radix 8", "no anchor pass", "compact 32", "compact 256",
-                              "compact, tiles of 64"])
+@pytest.mark.parametrize("launch", [None, SMALL, TopkLaunch(tile=128, radix=8), TopkLaunch(anchor=0)],
+                         ids=["one tile", "tiles of 64", "radix 8", "no anchor pass"])
 def test_topk_is_the_contract_on_distinct_logits(launch):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(5, 300, generator=g)
@@ -45,7 +43,7 @@ def test_topk_is_the_contract_on_distinct_logits(launch):
             assert torch.equal(got[b, :len(want)], want.int()) and (got[b, len(want):] == -1).all()
 
 
-@pytest.mark.parametrize("launch", [None, SMALL, TopkLaunch(compact=32)], ids=["one tile", "tiles of 64", "compact"])
+@pytest.mark.parametrize("launch", [None, SMALL], ids=["one tile", "tiles of 64"])
 def test_ties_go_to_the_lower_positions(launch):
     x = torch.zeros(4, 200)
     x[0, 50:150] = 1.0                          # 100 equal values across the k-th: the first 10 by position
@@ -102,9 +100,8 @@ def test_topk_refuses_what_it_cannot_read():
         topk_triton(x, _lens(1, 2), 0)
 
 
-@pytest.mark.parametrize("split,ks,compact", [(2, (1, 301), 0), (4, (30,), 0), (8, (64,), 0), (2, (1, 40), 64),
-                                              (4, (30,), 32)])
-def test_rows_split_over_programs_are_the_contract(split, ks, compact):
+@pytest.mark.parametrize("split,ks", [(2, (1, 301)), (4, (30,)), (8, (64,))])
+def test_rows_split_over_programs_are_the_contract(split, ks):
     # chunk candidates, then their merge: the same positions as one program per row, whatever the
     # chunk lengths (odd, shorter than k, empty), ties across chunk edges, -inf and empty rows
     g = torch.Generator().manual_seed(12 + split)
@@ -114,58 +111,13 @@ def test_rows_split_over_programs_are_the_contract(split, ks, compact):
     x[3] = -x[3].abs()
     x[4, 100:] = float("nan")                                    # past seq_len: never read
     n = _lens(301, 301, 301, 37, 100, 0)
-    launch = TopkLaunch(tile=256, split=split, compact=compact)
+    launch = TopkLaunch(tile=256, split=split)
     for k in ks:
         want = reference.topk_positions(x.masked_fill(torch.arange(301) >= n[:, None], -math.inf), k)
         assert torch.equal(_topk(x, n, k, launch), want), k
     if split == 2:
         assert torch.equal(_topk(x[:1], n[:1], 40, launch), _topk(x[:1], n[:1], 40))   # B = 1
         assert _topk(x[:0], n[:0], 8, launch).shape == (0, 8)
-
-
-def test_compaction_runs_and_keeps_the_contract():
-    # the threshold's bucket copied out after the anchor pass: the scratch row is written (the path
-    # ran), and the answer is the contract's, on rows whose bucket fits and rows whose does not
-    from dsv4lab.kernels import common
-    g = torch.Generator().manual_seed(5)
-    x = torch.randn(3, 1000, generator=g)
-    x[1, :900] = 1.0                            # 900 equal keys in the threshold's bucket: more than C
-    x[2] = x[2] * 1e-3 + 7.0                    # values within one bucket of the anchor: all of them
-    n = _lens(1000, 1000, 999)
-    for C in (32, 256):
-        scratch = common.reused("topk.scratch", (3, C), torch.int32, x.device, poison=False)
-        scratch.fill_(-7)
-        launch = TopkLaunch(compact=C)
-        for k in (1, 17, 200):
-            want = reference.topk_positions(x.masked_fill(torch.arange(1000) >= n[:, None], -math.inf), k)
-            assert torch.equal(_topk(x, n, k, launch), want), (C, k)
-        assert (scratch[0] != -7).any(), C    # row 0's bucket (~a few keys of 1000 normals) fits: the path ran
-        assert (scratch[1] == -7).all(), C    # 900 tied keys: never compacted
-    with pytest.raises(ValueError, match="compact"):
-        _topk(x, n, 4, TopkLaunch(compact=48))
-    with pytest.raises(ValueError, match="compact"):
-        _topk(x, n, 4, TopkLaunch(compact=64, anchor=0))
-
-
-def test_ranked_bucket_keeps_ties_and_order_for_every_k():
-    # the compacted bucket is ranked whole: 24 keys of 5 values within one bucket (repeats at every
-    # rank, the k-th landing inside a run of equal keys), the rest of the row far below
-    from dsv4lab.kernels import common
-    g = torch.Generator().manual_seed(9)
-    x = torch.randn(2, 600, generator=g) * 0.01 - 5.0
-    vals = torch.tensor([1.0, 1.0005, 1.001, 1.002, 1.003])
-    for b in range(2):
-        pos = torch.randperm(600, generator=g)[:24]
-        x[b, pos] = vals[torch.randint(0, 5, (24,), generator=g)]
-    x[1, 3] = 1.05                               # one above the run, still in the bucket
-    n = _lens(600, 590)
-    scratch = common.reused("topk.scratch", (2, 32), torch.int32, x.device, poison=False)
-    for k in range(1, 26):
-        scratch.fill_(-7)
-        want = reference.topk_positions(x.masked_fill(torch.arange(600) >= n[:, None], -math.inf), k)
-        assert torch.equal(_topk(x, n, k, TopkLaunch(compact=32)), want), k
-        if k < 24:
-            assert (scratch != -7).any(), k      # the bucket was ranked, not refined pass by pass
 
 
 def test_split_is_chosen_from_shapes_only():

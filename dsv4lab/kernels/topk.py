@@ -26,7 +26,11 @@ fixed): on the lab's random indexer inputs (8192 live, k = 512) a numpy replay o
 in all, against 4-5 without the anchor. A last pass writes the chosen positions. Each pass reads the row from registers when
 it fits in one tile of ``TILE`` positions, else streams the rest of it tile by tile (the first
 tile stays in registers). Every pass costs a histogram over the whole tile (Triton's is built
-from warp ballots, ~44 instructions a key at 32 bins), so the kernel's time is passes x tile.
+from warp ballots, ~44 instructions a key at 32 bins) and a handful of reductions and scans over
+its bins, each a barrier across the program's warps. The GPU's clock inside the programs (H200,
+experiments/topk_clocks) prices a pass at ~0.8 us over 2048 keys and ~2.2 us over 8192: the time
+is passes x (a fixed part + the tile), which is why copying the threshold's bucket out to refine
+or rank it alone measured slower (the copy is a scan over the tile; the barriers stay).
 
 The contract (``reference.topk_positions`` is the same in float64):
 
@@ -66,15 +70,12 @@ class TopkLaunch:
     ``split``: programs per row S (a power of two; None: ``split_for`` from the shapes; 1: the
     one-launch path). With S > 1 chunk s of a row of n live positions is [s*ceil(n/S), ...), each
     chunk program holds ``tile / S`` positions at once, and a second launch selects among the S*k
-    candidates (``tile`` at most). ``compact``: 0, or C (a power of two >= 32): when a row fits one
-    tile and the anchor pass leaves at most C keys in the threshold's bucket, those keys are copied
-    to a per-program scratch row and the later passes histogram C keys instead of the tile."""
+    candidates (``tile`` at most)."""
     tile: int = 8192
     radix: int = 5
     num_warps: int = 8
     anchor: int = 12
     split: int | None = None
-    compact: int = 0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -136,28 +137,6 @@ def _refine(h, bins, k_rem, prefix, himask, new_lo, dmask):
 
 
 @triton.jit
-def _rank_select(scr, m, k_rem, C: tl.constexpr, J: tl.constexpr = 32):
-    """The k_rem-th largest of the m (<= C) keys at scr[0:m]: the largest key with at least k_rem
-    keys >= it. Each key counts the keys >= it, J at a time (a [C, J] compare, not [C, C])."""
-    i = tl.arange(0, C)
-    ki = tl.load(scr + i, mask=i < m, other=0).to(tl.uint32, bitcast=True)
-    ge = tl.zeros([C], tl.int32)
-    for j0 in range(0, m, J):
-        j = j0 + tl.arange(0, J)
-        kj = tl.load(scr + j, mask=j < m, other=0).to(tl.uint32, bitcast=True)    # 0: below every key
-        ge += tl.sum((kj[None, :] >= ki[:, None]).to(tl.int32), 1)
-    return tl.max(tl.where((i < m) & (ge >= k_rem), ki, 0), 0)
-
-
-@triton.jit
-def _count_above(scr, m, t, C: tl.constexpr):
-    """How many of the m keys at scr[0:m] are above t."""
-    i = tl.arange(0, C)
-    ki = tl.load(scr + i, mask=i < m, other=0).to(tl.uint32, bitcast=True)
-    return tl.sum(((i < m) & (ki > t)).to(tl.int32), 0)
-
-
-@triton.jit
 def _load_keys(row, c, offs, n):
     """Keys of positions c + offs of a row of n live logits (0 past n)."""
     pos = c + offs
@@ -197,36 +176,17 @@ def _store(out, aux, row, sel, slot, pos, start, STAGE: tl.constexpr):
 
 
 @triton.jit
-def _clock(trace, slot: tl.constexpr, after=None):
-    """TRACE[program, slot] = %globaltimer, read after ``after`` (a scalar) exists."""
-    if after is None:
-        t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
-    else:
-        t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer; // $1", "=l,r", [after.to(tl.int32, bitcast=True) if after.dtype == tl.uint32 else after.to(tl.int32)],
-                                      dtype=tl.int64, is_pure=False, pack=1)
-    tl.store(trace + slot, t)
-
-
-#: (stage name, int64 [programs, 10] buffer) the experiment fills; None: untraced
-TRACE_BUFFERS: dict = {}
-
-
-@triton.jit
-def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, SCRATCH, TRACE, width, k, stride_xb, stride_ob, num_pages, stride_pb,
+def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, width, k, stride_xb, stride_ob, num_pages, stride_pb,
                  TILE: tl.constexpr, RADIX: tl.constexpr, OUT_BLOCK: tl.constexpr,
                  ANCHOR: tl.constexpr = 12, STAGE: tl.constexpr = 0, GUARD: tl.constexpr = False,
-                 PAGE: tl.constexpr = 64, COMPACT: tl.constexpr = 0, TRACED: tl.constexpr = False):
+                 PAGE: tl.constexpr = 64):
     """STAGE 0: the top-k of row b's live prefix. STAGE 1 (grid (B, S)): the top-k of chunk s of
     it, written as k candidates (positions to OUT, logits to AUX: [B, S*k], chunk s at s*k, -1 /
     -inf padded). STAGE 2: the top-k of a row's S*k candidates (X), emitted as the positions AUX
     holds for them. GUARD (stages 0, 1): seq_lens[b] is checked and cut as the indexer's
-    contract says (common.live_length) and flagged in the error word ERR. COMPACT > 0 (with ANCHOR):
-    SCRATCH holds COMPACT int32 a program ([B * S, COMPACT]) for the threshold bucket's keys."""
+    contract says (common.live_length) and flagged in the error word ERR."""
     b = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
-    trace = TRACE + (b * tl.num_programs(1) + s) * 10
-    if TRACED:
-        _clock(trace, 0)
     offs = tl.arange(0, TILE)
     start = 0
     if STAGE == 2:
@@ -255,14 +215,11 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, SCRATCH, TRACE, width, k, stride_xb,
     lo = tl.full([], 32, tl.int32)         # bits lo..31 are fixed
     k_rem = k                              # how many keys equal to the prefix are still wanted
     busy = lo > 0
-    passes = 0
     if ANCHOR > 0:
         SH: tl.constexpr = 32 - ANCHOR
         kmax = tl.max(key0, 0)
         for c in range(TILE, n, TILE):
             kmax = tl.maximum(kmax, tl.max(_load_keys(row, c, offs, n), 0))
-        if TRACED:
-            _clock(trace, 1, kmax)
         base = (kmax >> SH).to(tl.int32) - (NB - 1)
         h = _anchor_hist(key0, base, SH, NB)
         for c in range(TILE, n, TILE):
@@ -274,21 +231,6 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, SCRATCH, TRACE, width, k, stride_xb,
         lo = tl.where(hit, SH, lo)
         k_rem = tl.where(hit, k_rem - above, k_rem)
         busy = tl.where(hit, in_d > k_rem, busy)
-        if TRACED:
-            _clock(trace, 2, k_rem)
-        if COMPACT > 0:
-            # the threshold's bucket, when small, is ranked whole instead of refined pass by pass:
-            # a pass costs its barriers more than its keys, so one ranking replaces up to four
-            if busy & hit & (n <= TILE) & (in_d <= COMPACT):
-                m = (key0 != 0) & ((key0 & himask) == prefix)
-                slot = tl.cumsum(m.to(tl.int32), 0) - 1
-                scr = SCRATCH + (b * tl.num_programs(1) + s) * COMPACT
-                tl.store(scr + slot, key0.to(tl.int32, bitcast=True), mask=m)
-                tl.debug_barrier()                                   # the copies, seen by every thread
-                prefix = _rank_select(scr, in_d, k_rem, COMPACT)
-                himask = ~tl.zeros([], tl.uint32)
-                k_rem = k_rem - _count_above(scr, in_d, prefix, COMPACT)
-                busy = k_rem < 0                                      # found: no pass left
     while busy:
         new_lo = tl.maximum(lo - RADIX, 0)
         dmask = ((1 << (lo - new_lo)) - 1).to(tl.uint32)
@@ -297,27 +239,17 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, SCRATCH, TRACE, width, k, stride_xb,
             h += _digit_hist(_load_keys(row, c, offs, n), himask, prefix, new_lo, dmask, NB)
         prefix, himask, k_rem, busy = _refine(h, bins, k_rem, prefix, himask, new_lo, dmask)
         lo = new_lo
-        passes += 1
-    if TRACED:
-        _clock(trace, 3, prefix)
     sel, slot, eq_seen, taken = _emit(key0, himask, prefix, k_rem, 0, 0)
     _store(out, aux, row, sel, slot, offs, start, STAGE)
     for c in range(TILE, n, TILE):
         sel, slot, eq_seen, taken = _emit(_load_keys(row, c, offs, n), himask, prefix, k_rem, eq_seen, taken)
         _store(out, aux, row, sel, slot, c + offs, start, STAGE)
-    if TRACED:
-        _clock(trace, 4, taken)
     o = tl.arange(0, OUT_BLOCK)
     for c in range(0, k, OUT_BLOCK):
         pad = (c + o >= taken) & (c + o < k)
         tl.store(out + c + o, tl.full([OUT_BLOCK], -1, tl.int32), mask=pad)
         if STAGE == 1:
             tl.store(aux + c + o, tl.full([OUT_BLOCK], float("-inf"), tl.float32), mask=pad)
-    if TRACED:
-        _clock(trace, 5)
-        tl.store(trace + 8, passes)
-        tl.store(trace + 9, tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32,
-                                                      is_pure=True, pack=1).to(tl.int64))
 
 
 def split_for(B: int, width: int, k: int, sm_count: int, tile: int = 8192, most: int = 4) -> int:
@@ -370,39 +302,18 @@ def select(logits, seq_lens, k: int, launch: TopkLaunch, pages=None) -> torch.Te
         return out
     err = errors.word(logits.device) if guard else seq_lens
     pt_stride = table.stride(0) if guard else 0
-    # the compaction's scratch rows: written before they are read, so never poisoned
-    scratch = (common.reused("topk.scratch", (B * S, launch.compact), torch.int32, logits.device, poison=False)
-               if launch.compact else seq_lens)
     if S == 1:
-        tr, single = _traced("single", single, seq_lens)
-        launch_kernel(_topk_kernel, (B, 1), (logits, seq_lens, out, out, table, err, scratch, tr),
+        launch_kernel(_topk_kernel, (B, 1), (logits, seq_lens, out, out, table, err),
                       (width, k, logits.stride(0), out.stride(0), num_pages, pt_stride), single)
         return out
     # the chunks' candidates, kept per shape (common.reused)
     pos = common.reused("topk.pos", (B, S * k), torch.int32, logits.device)
     val = common.reused("topk.val", (B, S * k), torch.float32, logits.device)
-    tr, chunks = _traced("chunks", chunks, seq_lens)
-    launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err, scratch, tr),
+    launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err),
                   (width, k, logits.stride(0), pos.stride(0), num_pages, pt_stride), chunks)
-    tr, merge = _traced("merge", merge, seq_lens)
-    launch_kernel(_topk_kernel, (B, 1), (val, seq_lens, out, pos, table, err, scratch, tr),
+    launch_kernel(_topk_kernel, (B, 1), (val, seq_lens, out, pos, table, err),
                   (S * k, k, val.stride(0), out.stride(0), num_pages, 0), merge)
     return out
-
-
-_TRACED_CONSTS: dict = {}
-
-
-def _traced(stage, consts, dummy):
-    """(trace buffer, constexprs) of a launch: TRACE_BUFFERS[stage] and TRACED=True when the
-    experiment set one (one consts dict per stage and shape, as launch_kernel wants)."""
-    t = TRACE_BUFFERS.get(stage)
-    if t is None:
-        return dummy, consts
-    key = (stage, id(consts))
-    if key not in _TRACED_CONSTS:
-        _TRACED_CONSTS[key] = dict(consts, TRACED=True)
-    return t, _TRACED_CONSTS[key]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -413,14 +324,11 @@ def _topk_args(launch: TopkLaunch, B, width, k, page_size, guard):
     if launch.tile & (launch.tile - 1) or not 32 <= launch.tile <= 32768 or launch.radix not in (5, 6, 7, 8) \
             or not 0 <= launch.anchor <= 16:
         raise ValueError(f"tile must be a power of two in [32, 32768], radix in 5..8 and anchor in 0..16, got {launch}")
-    if launch.compact and (launch.compact & (launch.compact - 1) or not 32 <= launch.compact <= launch.tile
-                           or launch.anchor == 0):
-        raise ValueError(f"compact must be 0 or a power of two in [32, tile], with anchor > 0, got {launch}")
     S = launch.split or split_for(B, width, k, 2 if is_interpret() else info().sm_count, launch.tile)
     if S & (S - 1) or not 1 <= S <= launch.tile // 32:
         raise ValueError(f"split must be a power of two in [1, tile / 32 = {launch.tile // 32}], got {S}")
     opts = dict(RADIX=launch.radix, OUT_BLOCK=min(OUT_BLOCK, next_power_of_2(k)), ANCHOR=launch.anchor,
-                PAGE=page_size, COMPACT=launch.compact, num_warps=launch.num_warps)
+                PAGE=page_size, num_warps=launch.num_warps)
     return (S, dict(opts, TILE=launch.tile, STAGE=0, GUARD=guard),
             dict(opts, TILE=launch.tile // S, STAGE=1, GUARD=guard),
             dict(opts, TILE=min(launch.tile, next_power_of_2(S * k)), STAGE=2))

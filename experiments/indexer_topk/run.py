@@ -19,8 +19,8 @@ OUT.json as soon as it is done (``complete`` False until the end):
    eager (back-to-back calls) and in a graph; the registered function eagerly; the step with the
    one-launch top-k (split 1) eagerly and in a graph; at max 262208 and 1,048,576.
 4. top-k alone (``kind="topk"``): each split S (None: the shipped choice from the shapes; 1, 2, 4,
-   8; S = 4 with 4 and 16 warps; the threshold bucket compacted to 256 / 512 keys at S = 1, to 256
-   with 16 warps and on the shipped split) checked exact on random lengths, then timed at live 8192, max 262208 and 1,048,576, and at
+   8; S = 4 with 4 and 16 warps) checked exact on random lengths, then timed at live 8192, max
+   262208 and 1,048,576, and at
    live 65536 (streamed chunks); ``kind="topk_batch"``: the shipped choice against S = 1 at B = 1,
    64, 128.
 5. logits alone (``kind="logits"``): the shipped launch and run 1's, checked against the float64
@@ -51,11 +51,8 @@ QUESTION = "indexer_topk"
 K = 512
 H = 64
 #: the top-k launches timed: (split, warps); split None is the shipped choice (topk.split_for), the
-#: shipped launch's warps first
-#: (split, warps, compact) of the top-k launches timed: the splits, S = 4 at 4 and 16 warps, and the
-#: threshold bucket's compaction (TopkLaunch.compact) in one program a row and on the shipped split
-SPLITS = [(None, None, 0), (1, None, 0), (2, None, 0), (4, None, 0), (8, None, 0), (4, 4, 0), (4, 16, 0),
-          (1, None, 256), (1, None, 512), (1, 16, 512), (2, None, 256), (None, None, 256), (None, None, 512)]
+#: shipped launch's warps first (runs 5-7 also timed the bucket's compaction: tag exp/topk_rank_select)
+SPLITS = [(None, None), (1, None), (2, None), (4, None), (8, None), (4, 4), (4, 16)]
 #: the logits launches timed: the shipped one (run 1's pick) and run 1's default
 LOGITS_LAUNCHES = {"shipped": LOGITS, "run1": LOGITS_RUN1}
 
@@ -142,8 +139,8 @@ def run_checks(smoke, B, L, live) -> list:
     return rows
 
 
-def split_launch(split, warps=None, compact=0):
-    return replace(TOPK, split=split, num_warps=warps or TOPK.num_warps, compact=compact)
+def split_launch(split, warps=None):
+    return replace(TOPK, split=split, num_warps=warps or TOPK.num_warps)
 
 
 def random_lengths(B, live, seed):
@@ -168,8 +165,8 @@ def run_topk(smoke, B, live) -> list:
         timed[n, Lm] = (indexer.logits_triton(*inp.args(), Lm, fill_dead=False), inp.seq_lens)
         del inp
     sms = 2 if smoke else torch.cuda.get_device_properties(0).multi_processor_count
-    for split, warps, compact in SPLITS[:5] + SPLITS[-2:] if smoke else SPLITS:   # warps: one program in the interpreter
-        launch = split_launch(split, warps, compact)
+    for split, warps in SPLITS[:5] if smoke else SPLITS:   # warps: one program in the interpreter
+        launch = split_launch(split, warps)
 
         def one(launch=launch):
             with poisoned():
@@ -179,7 +176,7 @@ def run_topk(smoke, B, live) -> list:
             for (n, Lm), (logits, seq) in timed.items():
                 row[f"us_live{n}_max{Lm}"] = ab.time_us(lambda: topk_triton(logits, seq, K, launch=launch), smoke)
             return row
-        rows.append(ab.attempt(dict(kind="topk", split=split, num_warps=launch.num_warps, compact=compact, B=B,
+        rows.append(ab.attempt(dict(kind="topk", split=split, num_warps=launch.num_warps, B=B,
                                     resolved_split=split or topk.split_for(B, L, K, sms)), one))
     del timed
     for b in ([1, 2] if smoke else [1, 64, 128]):
@@ -380,8 +377,7 @@ def targets(rows, smoke, copy, max_lens) -> list:
         logits_us=_get(rows, "logits", f"us_live{n}", launch="shipped"), copy_tb_s=copy)
     live = 300 if smoke else 8192
     for L in max_lens[1:]:
-        shipped = _get(rows, "topk", f"us_live{live}_max{L}", split=None, num_warps=TOPK.num_warps,
-                       compact=TOPK.compact)
+        shipped = _get(rows, "topk", f"us_live{live}_max{L}", split=None, num_warps=TOPK.num_warps)
         add(f"top-k alone at live {live}, max {L} (us)", shipped, 15.0, note="the shipped split")
         e = _get(rows, "eager", "api_eager_us", max_seq_len=L)
         g = _get(rows, "eager", "api_graph_us", max_seq_len=L) or _get(rows, "eager", "fn_graph_us", max_seq_len=L)
