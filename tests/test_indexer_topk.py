@@ -100,8 +100,9 @@ def test_topk_refuses_what_it_cannot_read():
         topk_triton(x, _lens(1, 2), 0)
 
 
-@pytest.mark.parametrize("split,ks", [(2, (1, 301)), (4, (30,)), (8, (64,))])
-def test_rows_split_over_programs_are_the_contract(split, ks):
+@pytest.mark.parametrize("split,ks,merge", [(2, (1, 301), "launch"), (4, (30,), "launch"), (8, (64,), "launch"),
+                                            (2, (1, 301), "fused"), (4, (30,), "fused"), (8, (64,), "fused")])
+def test_rows_split_over_programs_are_the_contract(split, ks, merge):
     # chunk candidates, then their merge: the same positions as one program per row, whatever the
     # chunk lengths (odd, shorter than k, empty), ties across chunk edges, -inf and empty rows
     g = torch.Generator().manual_seed(12 + split)
@@ -111,13 +112,17 @@ def test_rows_split_over_programs_are_the_contract(split, ks):
     x[3] = -x[3].abs()
     x[4, 100:] = float("nan")                                    # past seq_len: never read
     n = _lens(301, 301, 301, 37, 100, 0)
-    launch = TopkLaunch(tile=256, split=split)
+    launch = TopkLaunch(tile=256, split=split, merge=merge)
     for k in ks:
         want = reference.topk_positions(x.masked_fill(torch.arange(301) >= n[:, None], -math.inf), k)
         assert torch.equal(_topk(x, n, k, launch), want), k
     if split == 2:
         assert torch.equal(_topk(x[:1], n[:1], 40, launch), _topk(x[:1], n[:1], 40))   # B = 1
         assert _topk(x[:0], n[:0], 8, launch).shape == (0, 8)
+    if merge == "fused":                       # every row's ticket counter is back at zero
+        from dsv4lab.kernels import common
+        counters = [t for key, t in common._REUSED.items() if key[0] == "topk.count"]
+        assert counters and all(int(t.abs().sum()) == 0 for t in counters)
 
 
 def test_split_is_chosen_from_shapes_only():

@@ -356,16 +356,18 @@ def alloc(shape, dtype, device) -> torch.Tensor:
 _REUSED: dict = {}
 
 
-def reused(name: str, shape: tuple, dtype: torch.dtype, device, *, poison: bool = True) -> torch.Tensor:
+def reused(name: str, shape: tuple, dtype: torch.dtype, device, *, poison: bool = True,
+           zeroed: bool = False) -> torch.Tensor:
     """A workspace kept per (name, shape, dtype, device) and handed out again on every call, so a
     CUDA graph that captured its address stays valid (split-K's partials, the top-k's candidates).
     Two calls of one shape must not run concurrently on different streams. Under
     testing.poisoned() it is refilled as ``alloc`` fills (``poison``), so an element a launch
-    forgets to write fails the check."""
+    forgets to write fails the check. ``zeroed``: filled with zeros when made (counters the
+    kernels return to zero themselves)."""
     key = (name, shape, dtype, device if isinstance(device, torch.device) else torch.device(device))
     t = _REUSED.get(key)
     if t is None:
-        t = _REUSED[key] = torch.empty(shape, dtype=dtype, device=device)
+        t = _REUSED[key] = (torch.zeros if zeroed else torch.empty)(shape, dtype=dtype, device=device)
     if poison and _POISON[0]:
         t.fill_(_poison_value(dtype))
     return t

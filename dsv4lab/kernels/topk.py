@@ -70,12 +70,14 @@ class TopkLaunch:
     ``split``: programs per row S (a power of two; None: ``split_for`` from the shapes; 1: the
     one-launch path). With S > 1 chunk s of a row of n live positions is [s*ceil(n/S), ...), each
     chunk program holds ``tile / S`` positions at once, and a second launch selects among the S*k
-    candidates (``tile`` at most)."""
+    candidates (``tile`` at most). ``merge`` (S > 1): "launch", that second launch; "fused", the
+    row's last chunk program to finish merges the row in the chunk launch (one launch in all)."""
     tile: int = 8192
     radix: int = 5
     num_warps: int = 8
     anchor: int = 12
     split: int | None = None
+    merge: str = "launch"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -176,15 +178,17 @@ def _store(out, aux, row, sel, slot, pos, start, STAGE: tl.constexpr):
 
 
 @triton.jit
-def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, width, k, stride_xb, stride_ob, num_pages, stride_pb,
+def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, stride_ob, stride_fb, num_pages, stride_pb,
                  TILE: tl.constexpr, RADIX: tl.constexpr, OUT_BLOCK: tl.constexpr,
                  ANCHOR: tl.constexpr = 12, STAGE: tl.constexpr = 0, GUARD: tl.constexpr = False,
-                 PAGE: tl.constexpr = 64):
+                 PAGE: tl.constexpr = 64, MERGE_TILE: tl.constexpr = 32):
     """STAGE 0: the top-k of row b's live prefix. STAGE 1 (grid (B, S)): the top-k of chunk s of
     it, written as k candidates (positions to OUT, logits to AUX: [B, S*k], chunk s at s*k, -1 /
     -inf padded). STAGE 2: the top-k of a row's S*k candidates (X), emitted as the positions AUX
-    holds for them. GUARD (stages 0, 1): seq_lens[b] is checked and cut as the indexer's
-    contract says (common.live_length) and flagged in the error word ERR."""
+    holds for them. STAGE 3: stage 1, then the row's last chunk to finish (a ticket from the row's
+    counter CNT[b]) runs stage 2 on the row's candidates into FINAL. GUARD (stages 0, 1, 3):
+    seq_lens[b] is checked and cut as the indexer's contract says (common.live_length) and flagged
+    in the error word ERR."""
     b = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     offs = tl.arange(0, TILE)
@@ -195,7 +199,7 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, width, k, stride_xb, stride_ob, num_
     else:
         n = tl.minimum(tl.maximum(tl.load(SEQ + b), 0), width)
         aux = AUX + b * stride_ob + s * k
-        if STAGE == 1:
+        if STAGE % 2 == 1:
             chunk = (n + tl.num_programs(1) - 1) // tl.num_programs(1)
             start = s * chunk
             n = tl.maximum(tl.minimum(n - start, chunk), 0)
@@ -208,6 +212,29 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, width, k, stride_xb, stride_ob, num_
         n = tl.maximum(tl.minimum(n, cut - start), 0)
         key0 = tl.where(offs < n, key0, 0)
         tl.atomic_or(ERR, flags, mask=(flags != 0) & (s == 0))
+    if STAGE == 3:
+        _select(row, out, aux, n, key0, k, start, TILE, RADIX, OUT_BLOCK, ANCHOR, 1)
+        # every thread's candidate stores before the ticket's release (barrier + acq_rel atomic);
+        # the last ticket resets the counter, so a CUDA graph replays from zero
+        tl.debug_barrier()
+        ticket = tl.atomic_add(CNT + b, 1, sem="acq_rel", scope="gpu")
+        if ticket == tl.num_programs(1) - 1:
+            tl.atomic_xchg(CNT + b, 0, sem="relaxed", scope="gpu")
+            m = tl.num_programs(1) * k
+            vals = AUX + b * stride_ob
+            mkey = _load_keys(vals, 0, tl.arange(0, MERGE_TILE), m)
+            _select(vals, FINAL + b * stride_fb, OUT + b * stride_ob, m, mkey, k, 0, MERGE_TILE, RADIX, OUT_BLOCK,
+                    ANCHOR, 2)
+    else:
+        _select(row, out, aux, n, key0, k, start, TILE, RADIX, OUT_BLOCK, ANCHOR, STAGE)
+
+
+@triton.jit
+def _select(row, out, aux, n, key0, k, start, TILE: tl.constexpr, RADIX: tl.constexpr, OUT_BLOCK: tl.constexpr,
+            ANCHOR: tl.constexpr, STAGE: tl.constexpr):
+    """The top-k of the n keys at ``row`` (``key0``: its first tile's keys), stored as ``STAGE``
+    says (_store), then the -1 (and, stage 1, -inf) padding of the k output slots."""
+    offs = tl.arange(0, TILE)
     NB: tl.constexpr = 1 << RADIX
     bins = tl.arange(0, NB)
     prefix = tl.zeros([], tl.uint32)       # the key bits fixed so far (bits below lo are 0)
@@ -303,16 +330,22 @@ def select(logits, seq_lens, k: int, launch: TopkLaunch, pages=None) -> torch.Te
     err = errors.word(logits.device) if guard else seq_lens
     pt_stride = table.stride(0) if guard else 0
     if S == 1:
-        launch_kernel(_topk_kernel, (B, 1), (logits, seq_lens, out, out, table, err),
-                      (width, k, logits.stride(0), out.stride(0), num_pages, pt_stride), single)
+        launch_kernel(_topk_kernel, (B, 1), (logits, seq_lens, out, out, table, err, out, seq_lens),
+                      (width, k, logits.stride(0), k, 0, num_pages, pt_stride), single)
         return out
     # the chunks' candidates, kept per shape (common.reused)
     pos = common.reused("topk.pos", (B, S * k), torch.int32, logits.device)
     val = common.reused("topk.val", (B, S * k), torch.float32, logits.device)
-    launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err),
-                  (width, k, logits.stride(0), pos.stride(0), num_pages, pt_stride), chunks)
-    launch_kernel(_topk_kernel, (B, 1), (val, seq_lens, out, pos, table, err),
-                  (S * k, k, val.stride(0), out.stride(0), num_pages, 0), merge)
+    if launch.merge == "fused":
+        # the rows' ticket counters: zero when made, and back to zero after every launch
+        count = common.reused("topk.count", (B,), torch.int32, logits.device, poison=False, zeroed=True)
+        launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err, out, count),
+                      (width, k, logits.stride(0), S * k, k, num_pages, pt_stride), chunks)
+        return out
+    launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err, out, seq_lens),
+                  (width, k, logits.stride(0), S * k, 0, num_pages, pt_stride), chunks)
+    launch_kernel(_topk_kernel, (B, 1), (val, seq_lens, out, pos, table, err, out, seq_lens),
+                  (S * k, k, S * k, k, 0, num_pages, 0), merge)
     return out
 
 
@@ -327,8 +360,12 @@ def _topk_args(launch: TopkLaunch, B, width, k, page_size, guard):
     S = launch.split or split_for(B, width, k, 2 if is_interpret() else info().sm_count, launch.tile)
     if S & (S - 1) or not 1 <= S <= launch.tile // 32:
         raise ValueError(f"split must be a power of two in [1, tile / 32 = {launch.tile // 32}], got {S}")
+    if launch.merge not in ("launch", "fused"):
+        raise ValueError(f"merge must be 'launch' or 'fused', got {launch.merge!r}")
     opts = dict(RADIX=launch.radix, OUT_BLOCK=min(OUT_BLOCK, next_power_of_2(k)), ANCHOR=launch.anchor,
                 PAGE=page_size, num_warps=launch.num_warps)
+    merge_tile = min(launch.tile, next_power_of_2(S * k))
+    fused = launch.merge == "fused"
     return (S, dict(opts, TILE=launch.tile, STAGE=0, GUARD=guard),
-            dict(opts, TILE=launch.tile // S, STAGE=1, GUARD=guard),
-            dict(opts, TILE=min(launch.tile, next_power_of_2(S * k)), STAGE=2))
+            dict(opts, TILE=launch.tile // S, STAGE=3 if fused else 1, GUARD=guard, MERGE_TILE=merge_tile),
+            dict(opts, TILE=merge_tile, STAGE=2))

@@ -50,9 +50,10 @@ from dsv4lab.testing import INDEXER_TOL, make_indexer_inputs, poisoned, rel_err,
 QUESTION = "indexer_topk"
 K = 512
 H = 64
-#: the top-k launches timed: (split, warps); split None is the shipped choice (topk.split_for), the
+#: the top-k launches timed: (split, warps, merge); split None is the shipped choice (topk.split_for), the
 #: shipped launch's warps first (runs 5-7 also timed the bucket's compaction: tag exp/topk_rank_select)
-SPLITS = [(None, None), (1, None), (2, None), (4, None), (8, None), (4, 4), (4, 16)]
+SPLITS = [(None, None, "launch"), (1, None, "launch"), (2, None, "launch"), (4, None, "launch"), (8, None, "launch"),
+          (4, 4, "launch"), (4, 16, "launch"), (None, None, "fused"), (2, None, "fused"), (8, None, "fused")]
 #: the logits launches timed: the shipped one (run 1's pick) and run 1's default
 LOGITS_LAUNCHES = {"shipped": LOGITS, "run1": LOGITS_RUN1}
 
@@ -139,8 +140,8 @@ def run_checks(smoke, B, L, live) -> list:
     return rows
 
 
-def split_launch(split, warps=None):
-    return replace(TOPK, split=split, num_warps=warps or TOPK.num_warps)
+def split_launch(split, warps=None, merge=None):
+    return replace(TOPK, split=split, num_warps=warps or TOPK.num_warps, merge=merge or TOPK.merge)
 
 
 def random_lengths(B, live, seed):
@@ -165,8 +166,8 @@ def run_topk(smoke, B, live) -> list:
         timed[n, Lm] = (indexer.logits_triton(*inp.args(), Lm, fill_dead=False), inp.seq_lens)
         del inp
     sms = 2 if smoke else torch.cuda.get_device_properties(0).multi_processor_count
-    for split, warps in SPLITS[:5] if smoke else SPLITS:   # warps: one program in the interpreter
-        launch = split_launch(split, warps)
+    for split, warps, merge in SPLITS[:5] + SPLITS[-3:] if smoke else SPLITS:   # warps: one program in the interpreter
+        launch = split_launch(split, warps, merge)
 
         def one(launch=launch):
             with poisoned():
@@ -176,17 +177,17 @@ def run_topk(smoke, B, live) -> list:
             for (n, Lm), (logits, seq) in timed.items():
                 row[f"us_live{n}_max{Lm}"] = ab.time_us(lambda: topk_triton(logits, seq, K, launch=launch), smoke)
             return row
-        rows.append(ab.attempt(dict(kind="topk", split=split, num_warps=launch.num_warps, B=B,
+        rows.append(ab.attempt(dict(kind="topk", split=split, num_warps=launch.num_warps, merge=launch.merge, B=B,
                                     resolved_split=split or topk.split_for(B, L, K, sms)), one))
     del timed
     for b in ([1, 2] if smoke else [1, 64, 128]):
         inp = make_indexer_inputs(b, H, L, seq_lens=live, seed=53)
         logits = indexer.logits_triton(*inp.args(), L, fill_dead=False)
-        for split in (None, 1):
-            def one(split=split, logits=logits, inp=inp):
-                return dict(us=ab.time_us(lambda: topk_triton(logits, inp.seq_lens, K, launch=split_launch(split)),
-                                          smoke))
-            rows.append(ab.attempt(dict(kind="topk_batch", split=split, resolved_split=split or topk.split_for(
+        for split, merge in ((None, "launch"), (1, "launch"), (None, "fused")):
+            def one(split=split, logits=logits, inp=inp, merge=merge):
+                return dict(us=ab.time_us(lambda: topk_triton(logits, inp.seq_lens, K, launch=split_launch(
+                    split, merge=merge)), smoke))
+            rows.append(ab.attempt(dict(kind="topk_batch", split=split, merge=merge, resolved_split=split or topk.split_for(
                 b, L, K, sms), B=b, live=live, max_seq_len=L), one))
         del inp, logits
     return rows
@@ -222,14 +223,18 @@ def run_eager(smoke, inp) -> dict:
     function, and the step with the one-launch top-k (split 1)."""
     api_call = lambda: dsv4lab.indexer_topk(*inp.args(), max_seq_len=inp.max_seq_len, topk=K, impl="triton")  # noqa: E731
     one_launch = lambda: indexer.topk_step(*inp.args(), inp.max_seq_len, K, topk_launch=split_launch(1))  # noqa: E731
+    fused = lambda: indexer.topk_step(*inp.args(), inp.max_seq_len, K, topk_launch=split_launch(None, merge="fused"))  # noqa: E731
     api_e = eager_us(api_call, smoke)
     fn_e = eager_us(lambda: registered("triton")(inp), smoke)
     one_e = eager_us(one_launch, smoke)
+    fused_e = eager_us(fused, smoke)
     row = dict(api_eager_us=api_e["median_us"], api_host_us=api_e["host_us"],
                fn_eager_us=fn_e["median_us"], fn_host_us=fn_e["host_us"],
                fn_graph_us=ab.time_us(lambda: registered("triton")(inp), smoke),
                split1_eager_us=one_e["median_us"], split1_host_us=one_e["host_us"],
-               split1_graph_us=ab.time_us(one_launch, smoke))
+               split1_graph_us=ab.time_us(one_launch, smoke),
+               fused_eager_us=fused_e["median_us"], fused_host_us=fused_e["host_us"],
+               fused_graph_us=ab.time_us(fused, smoke))
     # where the host's time goes (cProfile, us a call), and the API without Python's garbage collector
     row["api_profile"] = ab.host_profile(api_call, smoke, calls=200, top=15)
     gc.disable()
@@ -377,7 +382,7 @@ def targets(rows, smoke, copy, max_lens) -> list:
         logits_us=_get(rows, "logits", f"us_live{n}", launch="shipped"), copy_tb_s=copy)
     live = 300 if smoke else 8192
     for L in max_lens[1:]:
-        shipped = _get(rows, "topk", f"us_live{live}_max{L}", split=None, num_warps=TOPK.num_warps)
+        shipped = _get(rows, "topk", f"us_live{live}_max{L}", split=None, num_warps=TOPK.num_warps, merge=TOPK.merge)
         add(f"top-k alone at live {live}, max {L} (us)", shipped, 15.0, note="the shipped split")
         e = _get(rows, "eager", "api_eager_us", max_seq_len=L)
         g = _get(rows, "eager", "api_graph_us", max_seq_len=L) or _get(rows, "eager", "fn_graph_us", max_seq_len=L)
