@@ -5,7 +5,8 @@ so its cost follows the maximum context. Here the grid is fixed by the shapes; e
 reads its row's length ``n = seq_lens[b]`` on the device and touches only positions < n. One
 program per row (``split`` S = 1), or S per row: each takes the exact top-k of its chunk of the
 row (ties to the lower position) as k candidates in chunk order, then one program per row selects
-among the S*k candidates the same way. A candidate's index grows with its position and every
+among the S*k candidates the same way: the row's last chunk program to finish, in the same launch
+(it takes the last ticket of the row's counter), or a second launch (``merge="launch"``). A candidate's index grows with its position and every
 position of the row's top-k is in its chunk's top-k, so both steps together give the contract
 below exactly. The select is a radix select on order-preserving integer keys:
 
@@ -77,14 +78,15 @@ class TopkLaunch:
     num_warps: int = 8
     anchor: int = 12
     split: int | None = None
-    merge: str = "launch"
+    merge: str = "fused"
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-#: the shipped launch: tile 8192, 5-bit passes, 8 warps, split from ``split_for`` (H200, B = 32, live
-#: 8192: 19.9 us with S = 4 against 21.5 us with S = 1; experiments/indexer_topk, run 2)
+#: the shipped launch: tile 8192, 5-bit passes, 8 warps, split from ``split_for``, the merge fused into
+#: the chunk launch (H200, B = 32, live 8192: 18.8 us, against 20.5 us with a merge launch and
+#: 22.6 us with S = 1; experiments/indexer_topk, run 8)
 TOPK = TopkLaunch()
 #: output positions one store of the -1 padding covers
 OUT_BLOCK = 1024
@@ -301,8 +303,9 @@ def topk_triton(logits: torch.Tensor, seq_lens: torch.Tensor, k: int, *, launch:
     (page_table [B, P] int32 with unit column stride, num_pages, page_size) for the indexer step:
     each row is then cut before its first live page id outside [0, num_pages), and a seq_len
     outside [0, width] or such a page id is flagged in the error word (dsv4lab.errors), as the
-    API's guard would. No host sync: one launch of B programs (``launch.split`` S = 1) or two, the
-    chunks (B x S programs) then the merge of their candidates (B programs), whatever the lengths."""
+    API's guard would. No host sync: one launch of B programs (``launch.split`` S = 1) or of B x S
+    chunk programs whose last per row merges the row (``merge="launch"``: the merge as a second
+    launch of B programs), whatever the lengths."""
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.dtype != torch.float32 \
             or (logits.shape[1] > 1 and logits.stride(1) != 1):
         raise ValueError(f"logits must be a float32 [B, width] tensor with unit stride along rows, got "

@@ -220,21 +220,21 @@ def run_logits(smoke, B, floor, copy) -> list:
 
 def run_eager(smoke, inp) -> dict:
     """Eager calls back to back against graph replay: the API (default checks), the registered
-    function, and the step with the one-launch top-k (split 1)."""
+    function, the step with the one-launch top-k (split 1) and with the merge as its own launch."""
     api_call = lambda: dsv4lab.indexer_topk(*inp.args(), max_seq_len=inp.max_seq_len, topk=K, impl="triton")  # noqa: E731
     one_launch = lambda: indexer.topk_step(*inp.args(), inp.max_seq_len, K, topk_launch=split_launch(1))  # noqa: E731
-    fused = lambda: indexer.topk_step(*inp.args(), inp.max_seq_len, K, topk_launch=split_launch(None, merge="fused"))  # noqa: E731
+    two = lambda: indexer.topk_step(*inp.args(), inp.max_seq_len, K, topk_launch=split_launch(None, merge="launch"))  # noqa: E731
     api_e = eager_us(api_call, smoke)
     fn_e = eager_us(lambda: registered("triton")(inp), smoke)
     one_e = eager_us(one_launch, smoke)
-    fused_e = eager_us(fused, smoke)
+    two_e = eager_us(two, smoke)
     row = dict(api_eager_us=api_e["median_us"], api_host_us=api_e["host_us"],
                fn_eager_us=fn_e["median_us"], fn_host_us=fn_e["host_us"],
                fn_graph_us=ab.time_us(lambda: registered("triton")(inp), smoke),
                split1_eager_us=one_e["median_us"], split1_host_us=one_e["host_us"],
                split1_graph_us=ab.time_us(one_launch, smoke),
-               fused_eager_us=fused_e["median_us"], fused_host_us=fused_e["host_us"],
-               fused_graph_us=ab.time_us(fused, smoke))
+               merge_launch_eager_us=two_e["median_us"], merge_launch_host_us=two_e["host_us"],
+               merge_launch_graph_us=ab.time_us(two, smoke))
     # where the host's time goes (cProfile, us a call), and the API without Python's garbage collector
     row["api_profile"] = ab.host_profile(api_call, smoke, calls=200, top=15)
     gc.disable()
