@@ -45,6 +45,33 @@ def time_ms(fn, *, graph=False, warmup=25, rep=100) -> float:
     return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
+def back_to_back_us(fn, *, batches: int = 7, calls: int = 50) -> dict:
+    """An eager loop's cost per call: ``calls`` calls issued back to back between two CUDA events,
+    ``batches`` times; the medians of the GPU time per call (events: whichever of the host and the
+    GPU is slower sets it) and of the host's wall time per call. do_bench flushes L2 before each
+    call, and the host issues the next call while the flush runs, so its median hides the host;
+    one event pair per call would add the events' own host cost to every call."""
+    if mode() != "cuda":
+        raise RuntimeError("timings need a CUDA GPU; in interpret mode read the recorded runs in data/runs/")
+    import statistics
+    import time
+    for _ in range(10):
+        fn()
+    gpu, host = [], []
+    for _ in range(batches):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        a.record()
+        for _ in range(calls):
+            fn()
+        b.record()
+        host.append((time.perf_counter() - t) / calls * 1e6)
+        torch.cuda.synchronize()
+        gpu.append(a.elapsed_time(b) / calls * 1e3)
+    return dict(per_call_us=statistics.median(gpu), host_us=statistics.median(host))
+
+
 #: calls per graph for the in-graph time per call (time_per_call_in_graph_ms), as in a captured
 #: decode step: DSv4-Flash has 43 layers; 8 copies of the inputs already make the graph launch a
 #: small share of the step and keep B=128's copies at ~5 GB

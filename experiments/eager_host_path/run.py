@@ -63,6 +63,8 @@ def host_us(fn, smoke, batches=7, calls=50) -> float | None:
 
 def time_call(fn, smoke, *, graph: bool) -> dict:
     row = {"eager_us": ab.time_us(fn, smoke, graph=False), "host_us": host_us(fn, smoke)}
+    if not smoke:                           # do_bench's L2 flush hides the host: calls back to back too
+        row["back_to_back_us"] = bench.back_to_back_us(fn)["per_call_us"]
     if graph:
         row["graph_us"] = ab.time_us(fn, smoke, graph=True)
         if not smoke:                       # the replayed graph gives the eager answer, bitwise

@@ -334,26 +334,15 @@ def main(argv=None):
     save(complete=True)
 
 
-def eager_us(fn, smoke, n=300) -> dict:
-    """Eager calls back to back, as a host loop issues them: the median over ``n`` calls of the GPU
-    time from an event recorded before the call to one after it (it includes the wait for the
-    host to enqueue the launches, unlike do_bench, whose L2 flush before each call hides the host),
-    and the host's wall time per call (``n`` calls, one sync at the end)."""
+def eager_us(fn, smoke) -> dict:
+    """Eager calls back to back, as a host loop issues them (bench.back_to_back_us): the median
+    GPU time per call over batches of 50 calls, which includes any wait for the host to enqueue
+    the launches, and the host's wall time per call."""
     if smoke:
         fn()
         return dict(median_us=None, host_us=None)
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-    t = time.perf_counter()
-    for a, b in ev:
-        a.record()
-        fn()
-        b.record()
-    torch.cuda.synchronize()
-    host = (time.perf_counter() - t) / n * 1e6
-    return dict(median_us=float(torch.tensor([a.elapsed_time(b) for a, b in ev]).median()) * 1e3, host_us=host)
+    r = bench.back_to_back_us(fn)
+    return dict(median_us=r["per_call_us"], host_us=r["host_us"])
 
 
 def _get(rows, kind, key, **match):
