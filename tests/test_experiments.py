@@ -16,7 +16,7 @@ EXP = ROOT / "experiments"
 FOLDERS = sorted(p for p in EXP.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
 SCRIPTS = sorted(EXP.glob("*/*.py"))
 #: first line of a script kept for variants the package no longer has
-AT_TAG = re.compile(r"# Runs at git tag (exp/\w+) \(commit [0-9a-f]{7,40}\) as tools/\w+\.py, not on the current package")
+AT_TAG = re.compile(r"# Runs at git tag (exp/\w+) \(commit [0-9a-f]{7,40}\) as (tools|experiments/\w+)/\w+\.py, not on the current package")
 #: runnable scripts -> the arguments after OUT.json of their smoke run (None: no JSON of its own)
 RUNNABLE = {
     "batch1_split_k_speedup/b1_ratio.py": [],
