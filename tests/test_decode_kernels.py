@@ -236,6 +236,8 @@ def test_in_graph_timing_refuses_the_interpreter():
         pytest.skip("on a GPU it times")
     with pytest.raises(RuntimeError, match="timings need a CUDA GPU"):
         bench.time_per_call_in_graph_ms([lambda: None])
+    with pytest.raises(RuntimeError, match="timings need a CUDA GPU"):
+        bench.back_to_back_us(lambda: None)
 
 
 def test_host_cdiv_and_next_power_of_2_match_triton():

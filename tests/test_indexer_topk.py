@@ -125,6 +125,25 @@ def test_rows_split_over_programs_are_the_contract(split, ks, merge):
         assert counters and all(int(t.abs().sum()) == 0 for t in counters)
 
 
+def test_merge_option_is_checked():
+    x = torch.randn(2, 300)
+    with pytest.raises(ValueError, match="merge must be 'launch' or 'fused'"):
+        _topk(x, _lens(300, 200), 8, TopkLaunch(tile=256, split=2, merge="cooperative"))
+
+
+def test_a_counter_made_during_capture_is_zeroed_outside_it(monkeypatch):
+    # torch.zeros under CUDA-graph capture only runs when the graph replays: the first call
+    # outside capture zeroes the counter again (once), so an eager call never sees junk tickets
+    from dsv4lab.kernels import common
+    monkeypatch.setattr(common, "_capturing", lambda t: True)
+    c = common.reused("test.count", (3,), torch.int32, "cpu", poison=False, zeroed=True)
+    c.fill_(5)                                  # what uninitialized graph-pool memory might hold
+    monkeypatch.setattr(common, "_capturing", lambda t: False)
+    assert common.reused("test.count", (3,), torch.int32, "cpu", poison=False, zeroed=True).tolist() == [0, 0, 0]
+    c.fill_(2)
+    assert common.reused("test.count", (3,), torch.int32, "cpu", poison=False, zeroed=True).tolist() == [2, 2, 2]
+
+
 def test_split_is_chosen_from_shapes_only():
     assert split_for(32, 262208, 512, 132) == 4 and split_for(32, 1048576, 512, 132) == 4
     assert split_for(64, 262208, 512, 132) == 2 and split_for(128, 262208, 512, 132) == 1
@@ -189,8 +208,8 @@ def test_dead_page_table_entries_hold_anything(junk):
         assert rel_err(dsv4lab.indexer_logits(*inp.args(), max_seq_len=640, impl="triton"), ref) <= INDEXER_TOL
 
 
-@pytest.mark.parametrize("prefetch,split", [(0, 1), (1, 1), (2, 4)])
-def test_a_bad_live_page_id_is_never_read(prefetch, split):
+@pytest.mark.parametrize("prefetch,split,merge", [(0, 1, "fused"), (1, 1, "fused"), (2, 4, "fused"), (2, 4, "launch")])
+def test_a_bad_live_page_id_is_never_read(prefetch, split, merge):
     # what a captured graph would see with a corrupt page table (the API's check cannot run there):
     # the logits kernel scores that page's 64 positions -inf (never read); the step cuts the request
     # there (the API's contract: nothing from that page on is chosen) and flags it
@@ -203,7 +222,7 @@ def test_a_bad_live_page_id_is_never_read(prefetch, split):
     with poisoned():
         out = indexer.logits_triton(*inp.args(), 400, launch=LogitsLaunch(prefetch=prefetch))
         top = indexer.topk_step(*inp.args(), 400, 40, launch=LogitsLaunch(prefetch=prefetch),
-                                topk_launch=TopkLaunch(tile=256, split=split))
+                                topk_launch=TopkLaunch(tile=256, split=split, merge=merge))
     assert errors.read() == errors.Flag.PAGE
     bad = torch.zeros(3, 400, dtype=torch.bool)
     bad[0, 128:192] = bad[1, 0:64] = bad[2, 64:128] = True

@@ -362,15 +362,29 @@ def reused(name: str, shape: tuple, dtype: torch.dtype, device, *, poison: bool 
     CUDA graph that captured its address stays valid (split-K's partials, the top-k's candidates).
     Two calls of one shape must not run concurrently on different streams. Under
     testing.poisoned() it is refilled as ``alloc`` fills (``poison``), so an element a launch
-    forgets to write fails the check. ``zeroed``: filled with zeros when made (counters the
-    kernels return to zero themselves)."""
+    forgets to write fails the check. ``zeroed``: zeros when made, for counters the kernels return
+    to zero themselves. Made during CUDA-graph capture, its zeroing only runs when the graph
+    replays, so the first call outside capture zeroes it again."""
     key = (name, shape, dtype, device if isinstance(device, torch.device) else torch.device(device))
     t = _REUSED.get(key)
     if t is None:
         t = _REUSED[key] = (torch.zeros if zeroed else torch.empty)(shape, dtype=dtype, device=device)
+        if zeroed and _capturing(t):
+            _UNZEROED.add(key)
+    elif key in _UNZEROED and not _capturing(t):
+        t.zero_()
+        _UNZEROED.discard(key)
     if poison and _POISON[0]:
         t.fill_(_poison_value(dtype))
     return t
+
+
+#: zeroed workspaces made during capture: not yet zero outside the graph
+_UNZEROED: set = set()
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def finish(out: torch.Tensor) -> torch.Tensor:

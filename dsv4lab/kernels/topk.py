@@ -66,13 +66,14 @@ class TopkLaunch:
     ``tile``: positions a program holds in registers at once (8192: the campaign's live length
     in one tile); ``radix``: key bits resolved per pass (5: 32 bins, the fewest Triton's
     histogram takes, one per lane of a warp; the cost per key of its ballot-based histogram grows
-    with the bins); ``num_warps``: one program per row, so 8 warps hold 8192 keys as 32 a thread;
+    with the bins); ``num_warps``: per program (8 warps hold a tile of 8192 keys as 32 a thread);
     ``anchor``: the key bits of pass 0's buckets (0: no pass 0, the radix starts at the top bit);
     ``split``: programs per row S (a power of two; None: ``split_for`` from the shapes; 1: the
     one-launch path). With S > 1 chunk s of a row of n live positions is [s*ceil(n/S), ...), each
-    chunk program holds ``tile / S`` positions at once, and a second launch selects among the S*k
-    candidates (``tile`` at most). ``merge`` (S > 1): "launch", that second launch; "fused", the
-    row's last chunk program to finish merges the row in the chunk launch (one launch in all)."""
+    chunk program holds ``tile / S`` positions at once, and the row's S*k candidates are selected
+    among the same way (a tile of min(``tile``, S*k rounded up to a power of two)). ``merge``
+    (S > 1): "fused", the row's last chunk program to finish does that in the chunk launch (one
+    launch in all); "launch", a second launch of B programs does it."""
     tile: int = 8192
     radix: int = 5
     num_warps: int = 8
@@ -188,7 +189,7 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, str
     it, written as k candidates (positions to OUT, logits to AUX: [B, S*k], chunk s at s*k, -1 /
     -inf padded). STAGE 2: the top-k of a row's S*k candidates (X), emitted as the positions AUX
     holds for them. STAGE 3: stage 1, then the row's last chunk to finish (a ticket from the row's
-    counter CNT[b]) runs stage 2 on the row's candidates into FINAL. GUARD (stages 0, 1, 3):
+    counter CNT[b]) runs stage 2 on the row's candidates into FINAL, in tiles of MERGE_TILE. GUARD (stages 0, 1, 3):
     seq_lens[b] is checked and cut as the indexer's contract says (common.live_length) and flagged
     in the error word ERR."""
     b = tl.program_id(0).to(tl.int64)
@@ -339,6 +340,8 @@ def select(logits, seq_lens, k: int, launch: TopkLaunch, pages=None) -> torch.Te
     # the chunks' candidates, kept per shape (common.reused)
     pos = common.reused("topk.pos", (B, S * k), torch.int32, logits.device)
     val = common.reused("topk.val", (B, S * k), torch.float32, logits.device)
+    # OUT / AUX rows of the chunks are pos / val rows (S*k wide, made contiguous by reused), and the
+    # answer's rows are k wide (alloc): strides from the shapes, not stride() calls on every call
     if launch.merge == "fused":
         # the rows' ticket counters: zero when made, and back to zero after every launch
         count = common.reused("topk.count", (B,), torch.int32, logits.device, poison=False, zeroed=True)

@@ -15,14 +15,16 @@ OUT.json as soon as it is done (``complete`` False until the end):
    262208 / 1,048,576 for impl "triton"; every other available impl (the torch fallbacks, SGLang's)
    at 65536 and 262208 ("torch_fp32" at 262208 is the targets' baseline); then the Triton step
    against the live length (``kind="step_vs_live"``) at max 1,048,576, with logits and top-k alone.
-3. eager (``kind="eager"``): ``dsv4lab.indexer_topk(..., impl="triton")`` with default checks,
-   eager (back-to-back calls) and in a graph; the registered function eagerly; the step with the
-   one-launch top-k (split 1) eagerly and in a graph; at max 262208 and 1,048,576.
-4. top-k alone (``kind="topk"``): each split S (None: the shipped choice from the shapes; 1, 2, 4,
-   8; S = 4 with 4 and 16 warps) checked exact on random lengths, then timed at live 8192, max
-   262208 and 1,048,576, and at
-   live 65536 (streamed chunks); ``kind="topk_batch"``: the shipped choice against S = 1 at B = 1,
-   64, 128.
+3. eager (``kind="eager"``; ``kind="eager_first"``: the same at max 262208 right after the checks,
+   before section 2 allocates gigabytes): ``dsv4lab.indexer_topk(..., impl="triton")`` with default
+   checks, back to back (``bench.back_to_back_us``) and in a graph, with a cProfile of its calls
+   (``api_profile``) and back to back without Python's garbage collector; the registered function;
+   the step with the one-launch top-k (split 1) and with the merge as its own launch; at max 262208
+   and 1,048,576.
+4. top-k alone (``kind="topk"``): each launch of ``SPLITS`` checked exact on random lengths, then
+   timed at live 8192, max 262208 and 1,048,576, and at live 65536 (streamed chunks);
+   ``kind="topk_batch"``: the shipped choice with its merge launched and fused, and S = 1, at
+   B = 1, 64, 128.
 5. logits alone (``kind="logits"``): the shipped launch and run 1's, checked against the float64
    reference, timed at live 8192 and 65536 with their share of the measured copy bandwidth.
 6. targets (``kind="target"``), then safety (``kind="safety"``, last: a fault would end the
@@ -50,8 +52,9 @@ from dsv4lab.testing import INDEXER_TOL, make_indexer_inputs, poisoned, rel_err,
 QUESTION = "indexer_topk"
 K = 512
 H = 64
-#: the top-k launches timed: (split, warps, merge); split None is the shipped choice (topk.split_for), the
-#: shipped launch's warps first (runs 5-7 also timed the bucket's compaction: tag exp/topk_rank_select)
+#: the top-k launches timed: (split, warps, merge); split None is the shipped choice (topk.split_for),
+#: warps None the shipped 8; the merge as its own launch first (the baseline), then fused (the
+#: shipped merge). Runs 5-7 also timed the bucket's compaction (tag exp/topk_rank_select).
 SPLITS = [(None, None, "launch"), (1, None, "launch"), (2, None, "launch"), (4, None, "launch"), (8, None, "launch"),
           (4, 4, "launch"), (4, 16, "launch"), (None, None, "fused"), (2, None, "fused"), (8, None, "fused")]
 #: the logits launches timed: the shipped one (run 1's pick) and run 1's default
