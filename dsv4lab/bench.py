@@ -157,7 +157,9 @@ def impl_launch(impl: str, B: int, H: int, K: int):
 def decode_row(impl, inp, *, graph=True, eager=True, baseline_us=None, layer_inputs=None,
                baseline_layer_us=None, **kw) -> dict:
     """Time one impl on one input set and derive bytes, FLOP/s and shares of the ceilings.
-    ``layer_inputs`` (layer_copies): also graph_layer_us, the time per call inside one graph of
+    ``eager_us`` is do_bench's median without a graph: L2 is flushed before each call and the host
+    issues the call meanwhile, so it is the GPU's time when the host keeps up, not what a loop of
+    eager calls pays (``back_to_back_us``). ``layer_inputs`` (layer_copies): also graph_layer_us, the time per call inside one graph of
     len(layer_inputs) calls (time_per_call_in_graph_ms), and its TFLOP/s and speedup."""
     B, H, _ = inp.q.shape
     K = inp.indices.shape[1]
