@@ -8,6 +8,8 @@ from __future__ import annotations
 import datetime
 import json
 import platform
+import statistics
+import time
 
 import torch
 import triton
@@ -53,8 +55,6 @@ def back_to_back_us(fn, *, batches: int = 7, calls: int = 50) -> dict:
     one event pair per call would add the events' own host cost to every call."""
     if mode() != "cuda":
         raise RuntimeError("timings need a CUDA GPU; in interpret mode read the recorded runs in data/runs/")
-    import statistics
-    import time
     for _ in range(10):
         fn()
     gpu, host = [], []
@@ -159,8 +159,9 @@ def decode_row(impl, inp, *, graph=True, eager=True, baseline_us=None, layer_inp
     """Time one impl on one input set and derive bytes, FLOP/s and shares of the ceilings.
     ``eager_us`` is do_bench's median without a graph: L2 is flushed before each call and the host
     issues the call meanwhile, so it is the GPU's time when the host keeps up, not what a loop of
-    eager calls pays (``back_to_back_us``). ``layer_inputs`` (layer_copies): also graph_layer_us, the time per call inside one graph of
-    len(layer_inputs) calls (time_per_call_in_graph_ms), and its TFLOP/s and speedup."""
+    eager calls pays (``back_to_back_us``). ``layer_inputs`` (layer_copies): also graph_layer_us,
+    the time per call inside one graph of len(layer_inputs) calls (time_per_call_in_graph_ms), and
+    its TFLOP/s and speedup."""
     B, H, _ = inp.q.shape
     K = inp.indices.shape[1]
     fn = lambda **c: api.sparse_decode(inp.q, inp.cache, inp.indices, impl=impl, **inp.kwargs(), **kw, **c)  # noqa: E731

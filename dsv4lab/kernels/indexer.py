@@ -261,8 +261,8 @@ def topk_step(q, index_cache: IndexKCache, weights, seq_lens, page_table, max_se
               launch: LogitsLaunch | None = None, topk_launch: TopkLaunch | None = None):
     """The whole indexer step over the live context: logits of the live pages only (no -inf fill),
     then the exact top-k of kernels/topk.py over each row's live prefix. Two launches (three with
-    the top-k's ``merge="launch"``), no host sync. Returns positions int32 [B, k]: ascending, ties to the lower
-    position, -1 padded. It guards its own inputs as the API's contract says: seq_lens clamped to
+    the top-k's ``merge="launch"``), no host sync. Returns positions int32 [B, k]: ascending, ties
+    to the lower position, -1 padded. It guards its own inputs as the API's contract says: seq_lens clamped to
     [0, max_seq_len] (both kernels), a request cut before its first live page id outside the cache
     (the logits kernel never reads such a page; the top-k stops before it), each flagged in the
     error word by the top-k. The arguments are taken as the API checked them: only what the

@@ -6,9 +6,10 @@ reads its row's length ``n = seq_lens[b]`` on the device and touches only positi
 program per row (``split`` S = 1), or S per row: each takes the exact top-k of its chunk of the
 row (ties to the lower position) as k candidates in chunk order, then one program per row selects
 among the S*k candidates the same way: the row's last chunk program to finish, in the same launch
-(it takes the last ticket of the row's counter), or a second launch (``merge="launch"``). A candidate's index grows with its position and every
-position of the row's top-k is in its chunk's top-k, so both steps together give the contract
-below exactly. The select is a radix select on order-preserving integer keys:
+(it takes the last ticket of the row's counter), or a second launch (``merge="launch"``). A
+candidate's index grows with its position and every position of the row's top-k is in its chunk's
+top-k, so both steps together give the contract below exactly. The select is a radix select on
+order-preserving integer keys:
 
     key(x) = bits(x) with the sign bit flipped for x >= 0 and all bits flipped for x < 0
              (an unsigned key that orders exactly like the float; -0.0 and +0.0 share one key)
@@ -189,9 +190,9 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, str
     it, written as k candidates (positions to OUT, logits to AUX: [B, S*k], chunk s at s*k, -1 /
     -inf padded). STAGE 2: the top-k of a row's S*k candidates (X), emitted as the positions AUX
     holds for them. STAGE 3: stage 1, then the row's last chunk to finish (a ticket from the row's
-    counter CNT[b]) runs stage 2 on the row's candidates into FINAL, in tiles of MERGE_TILE. GUARD (stages 0, 1, 3):
-    seq_lens[b] is checked and cut as the indexer's contract says (common.live_length) and flagged
-    in the error word ERR."""
+    counter CNT[b]) runs stage 2 on the row's candidates into FINAL, in tiles of MERGE_TILE.
+    GUARD (stages 0, 1, 3): seq_lens[b] is checked and cut as the indexer's contract says
+    (common.live_length) and flagged in the error word ERR."""
     b = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     offs = tl.arange(0, TILE)
