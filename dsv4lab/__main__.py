@@ -55,7 +55,7 @@ def _bench_decode(args):
                               page_size=args.page_size, baseline=args.impl[0], graph=not args.no_graph,
                               layers=bench.LAYERS if args.layers is None else args.layers)
     df = pd.DataFrame(rows)
-    cols = [c for c in ["impl", "B", "eager_us", "graph_us", "graph_layer_us", "speedup_vs_baseline",
+    cols = [c for c in ["impl", "B", "eager_us", "back_to_back_us", "graph_us", "graph_layer_us", "speedup_vs_baseline",
                         "speedup_vs_baseline_layer", "served_tb_s", "floor_tb_s", "tflops", "tflops_layer",
                         "bw_share", "mma_share"] if c in df]
     print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))

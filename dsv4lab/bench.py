@@ -158,8 +158,8 @@ def decode_row(impl, inp, *, graph=True, eager=True, baseline_us=None, layer_inp
                baseline_layer_us=None, **kw) -> dict:
     """Time one impl on one input set and derive bytes, FLOP/s and shares of the ceilings.
     ``eager_us`` is do_bench's median without a graph: L2 is flushed before each call and the host
-    issues the call meanwhile, so it is the GPU's time when the host keeps up, not what a loop of
-    eager calls pays (``back_to_back_us``). ``layer_inputs`` (layer_copies): also graph_layer_us,
+    issues the call meanwhile, so it is the GPU's time when the host keeps up; ``back_to_back_us``
+    is what a loop of eager calls pays a call, the host's issue time included. ``layer_inputs`` (layer_copies): also graph_layer_us,
     the time per call inside one graph of len(layer_inputs) calls (time_per_call_in_graph_ms), and
     its TFLOP/s and speedup."""
     B, H, _ = inp.q.shape
@@ -168,6 +168,7 @@ def decode_row(impl, inp, *, graph=True, eager=True, baseline_us=None, layer_inp
     row = {"impl": impl, "B": B, "H": H, "K": K}
     if eager:
         row["eager_us"] = time_ms(fn) * 1e3                   # checks="device": no host sync
+        row["back_to_back_us"] = back_to_back_us(fn)["per_call_us"]
         # the same launches after the host checks of checks="sync" (a few host syncs a call)
         row["eager_sync_checks_us"] = time_ms(lambda: fn(checks="sync")) * 1e3
     if graph:
@@ -203,7 +204,7 @@ def decode_row(impl, inp, *, graph=True, eager=True, baseline_us=None, layer_inp
 
 def indexer_row(impl, inp, *, graph=True, eager=True) -> dict:
     """Time one indexer_logits impl on one input set (testing.IndexerInputs) through its registered
-    function (no API checks, so no host sync), with the bytes the live context needs (keys once,
+    function (no API checks, so no host sync; ``eager_us`` and ``back_to_back_us`` as in decode_row), with the bytes the live context needs (keys once,
     q, weights) and writes (the [B, max_seq_len] fp32 logits), and the floor they imply."""
     from .cache import INDEX_TOKEN_BYTES
     fn = api.impl_info("indexer_logits", impl).fn
@@ -219,6 +220,7 @@ def indexer_row(impl, inp, *, graph=True, eager=True) -> dict:
         row["graph_us"] = time_ms(call, graph=True) * 1e3
     if eager:
         row["eager_us"] = time_ms(call) * 1e3
+        row["back_to_back_us"] = back_to_back_us(call)["per_call_us"]
     return row
 
 

@@ -99,7 +99,7 @@ def mode() -> str:
 
 
 def is_interpret() -> bool:
-    return mode() == "interpret"
+    return (_MODE or configure()) == "interpret"     # every launch asks: the decided mode first
 
 
 def gpu_unavailable_reason() -> str | None:

@@ -37,7 +37,7 @@ def run_decode(impls=DECODE_IMPLS, batches=BATCHES, H=64, K=512, context=8192, p
     one-call graph (graph_us) and per call in a graph of ``layers`` calls (graph_layer_us)."""
     def log(row):
         _log("decode", {k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()
-                        if k in ("impl", "B", "eager_us", "graph_us", "graph_layer_us", "tflops",
+                        if k in ("impl", "B", "eager_us", "back_to_back_us", "graph_us", "graph_layer_us", "tflops",
                                  "speedup_vs_baseline", "speedup_vs_baseline_layer", "error")})
     return bench.decode_table(impls, batches, H=H, K=K, context=context, page_size=page_size,
                               baseline="sglang", log=log, layers=layers)

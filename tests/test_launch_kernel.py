@@ -80,3 +80,58 @@ def test_triton_launches_block_and_interpreter_take_triton_path(monkeypatch):
         for _ in range(2):
             common.launch_kernel(k, (1,), (torch.zeros(4),), (16,), consts)
     assert len(k.slow) == 4 and common._DIRECT[0]
+
+
+class Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, *a):
+        self.calls.append(a)
+
+
+class CudaLauncher:
+    """Stands in for Triton's launcher: ``launch`` its C launch (a callable that is no Python
+    function), scratch sizes, the cooperative and PDL flags."""
+    global_scratch_size = profile_scratch_size = 0
+    launch_cooperative_grid, launch_pdl = 0, 1
+
+    def __init__(self):
+        self.launch = Recorder()
+        self.wrapped = []
+
+    def __call__(self, *a):
+        self.wrapped.append(a)
+
+
+def test_known_triton_calls_the_c_launch_and_others_the_wrapper(monkeypatch):
+    _direct(monkeypatch)
+
+    class Kernel(FakeKernel):
+        def __getitem__(self, grid):
+            def call(*args, **consts):
+                self.compiled = FakeCompiled()
+                self.compiled.run = CudaLauncher()
+                return self.compiled
+            return call
+
+    k, consts, x = Kernel(), {"A": 3}, torch.zeros(8)
+    monkeypatch.setattr(common, "C_LAUNCH_TRITON", (common.triton.__version__,))
+    common.launch_kernel(k, (2,), (x,), (32,), consts)
+    common.launch_kernel(k, (2,), (x,), (32,), consts)
+    (call,) = k.compiled.run.launch.calls
+    assert not k.compiled.run.wrapped
+    # grid, stream, function, cooperative, pdl, two scratch buffers, metadata, three Nones, arguments
+    assert call[:13] == (2, 1, 1, 99, "fn", 0, 1, None, None, "meta", None, None, None)
+    assert call[13] is x and call[14:] == (32, 3, 7)
+
+    # a Triton whose wrapper was not read, or a kernel that needs scratch memory: the wrapper
+    for patch in (("C_LAUNCH_TRITON", ("0.0.",)), ("C_LAUNCH_TRITON", (common.triton.__version__,))):
+        monkeypatch.setattr(common, *patch)
+        monkeypatch.setattr(common, "_LAUNCHES", {})
+        monkeypatch.setattr(CudaLauncher, "global_scratch_size", 0 if patch[1][0] == "0.0." else 64)
+        common.launch_kernel(k, (2,), (x,), (32,), consts)
+        common.launch_kernel(k, (2,), (x,), (32,), consts)
+        (call,) = k.compiled.run.wrapped
+        assert not k.compiled.run.launch.calls
+        assert call[:9] == (2, 1, 1, 99, "fn", "meta", None, None, None) and call[9] is x

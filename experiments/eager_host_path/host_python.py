@@ -7,7 +7,12 @@ Every ``kernel[grid](...)`` is replaced by a recorder that counts the launch and
 interpreter's InterpretedFunction use), so what is timed is the API's checks, the guard, the launch
 planning, the allocations, the error word and the argument lists built for each launch, not
 Triton's own launch path (its argument binding: ~11-15 us a launch on the H200 host, measured by
-run.py's ``triton_launch_us``) and not the GPU. Tensors live on the CPU. The kernels store the
+run.py's ``triton_launch_us``) and not the GPU. Each call is timed twice (``launch``): "direct",
+where ``kernels.common.launch_kernel`` takes its GPU path (it builds the signature's key and hands
+the arguments to a stand-in for the compiled kernel's C launcher, which only counts), as every
+launch after a signature's first does on the GPU; and "triton", where launch_kernel hands every
+launch to the recorder (the interpreter's path, and what the rows before the direct launches
+measured). Tensors live on the CPU. The kernels store the
 GPU's bf16 outputs here too (``common.out_dtype`` patched), so the closing ``.to(bfloat16)`` is
 the no-op it is on the GPU instead of a CPU conversion of the whole output.
 
@@ -22,6 +27,7 @@ Python alone: the H200's host is a different CPU, and an eager call costs it thi
 """
 import contextlib
 import cProfile
+import inspect
 import io
 import pstats
 import statistics
@@ -45,10 +51,28 @@ class Launches:
     count = 0
 
 
+class FakeCompiled:
+    """What ``kernel[grid](...)`` returns on the GPU, as far as launch_kernel's direct path uses it:
+    ``run`` (Triton's C launcher; here it only counts), ``function`` and ``packed_metadata``."""
+    function = packed_metadata = None
+
+    @staticmethod
+    def run(*args):
+        Launches.count += 1
+
+
 def _stub_getitem(kernel, grid):
     def launch(*args, **kwargs):
         Launches.count += 1
+        return FakeCompiled
     return launch
+
+
+def _params(kernel):
+    """The ``params`` a JITFunction has and the interpreter's kernels lack (launch_kernel's direct
+    path reads the constexprs' names and defaults from them)."""
+    return [SimpleNamespace(name=p.name, default=p.default)
+            for p in inspect.signature(kernel.fn).parameters.values()]
 
 
 #: what the launch planning sees of the H200 (planning, the indexer's grid and the top-k's split)
@@ -62,10 +86,22 @@ PER_SHAPE = [getattr(m, name) for m, name in (
 
 
 @contextlib.contextmanager
-def stubbed():
+def stubbed(direct: bool = True):
     """Triton launches recorded, not run; the launches planned as on the H200 (tiles, NSPLIT, the
-    top-k's split, so the launches per call are the H200's); the kernels' output dtype the GPU's (bf16)."""
+    top-k's split, so the launches per call are the H200's); the kernels' output dtype the GPU's (bf16).
+    ``direct``: launch_kernel takes its GPU path (the per-signature key, then the compiled kernel's
+    ``run``, here :class:`FakeCompiled`), as on the H200 after a signature's first call; False:
+    every launch is a stubbed ``kernel[grid](...)`` (what the interpreter's path costs)."""
     saved = [(m, name, getattr(m, name)) for m in PLANNED for name in ("info", "is_interpret")]
+    saved += [(common, name, getattr(common, name)) for name in ("is_interpret", "_DRIVER")]
+    if direct:
+        common.is_interpret = lambda: False
+        common._DRIVER = [lambda: 0, lambda device: 0]
+        kernels = {k for m in (common, head_batched, split_k, indexer, topk) for k in vars(m).values()
+                   if isinstance(k, KernelInterface)}
+        for k in kernels:
+            if not hasattr(k, "params"):
+                k.params = _params(k)
     saved += [(m, "out_dtype", m.out_dtype) for m in (common, split_k, head_batched)]
     saved.append((KernelInterface, "__getitem__", KernelInterface.__getitem__))
     for m in PLANNED:
@@ -139,14 +175,15 @@ def main(argv=None):
                                                             help="add a cProfile of each call"), argv=argv)
     calls = 5 if a.cpu_smoke else 100
     rows = []
-    with stubbed():
-        for row, fn in cases(a.cpu_smoke):
-            def measure(fn=fn):
-                got = {"launches": launches_per_call(fn), **python_us(fn, calls)}
-                if a.profile:
-                    got["profile"] = profile(fn, calls)
-                return got
-            rows.append(ab.attempt(row, measure))
+    for launch in ("direct", "triton"):
+        with stubbed(direct=launch == "direct"):
+            for row, fn in cases(a.cpu_smoke):
+                def measure(fn=fn):
+                    got = {"launches": launches_per_call(fn), **python_us(fn, calls)}
+                    if a.profile:
+                        got["profile"] = profile(fn, calls)
+                    return got
+                rows.append(ab.attempt({**row, "launch": launch}, measure))
     ab.write(a.out, QUESTION, a.cpu_smoke, rows=rows, calls_per_batch=calls, torch_threads=torch.get_num_threads(),
              note="CPU, Triton launches stubbed out: the Python around the launches, not a GPU measurement")
 

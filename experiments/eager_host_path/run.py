@@ -15,9 +15,11 @@ context 262208, H_i 64, top-512):
 
 Modes: ``checks="device"`` (the default: no host sync) and ``checks="sync"`` (host checks that
 name the offending value). ``launch``: "direct" (the default: kernels.common.launch_kernel hands a
-compiled kernel's launcher its arguments after the first call) or "triton" (every launch through
-Triton's ``kernel[grid](...)``, which binds and specializes the arguments each time); the device
-mode runs both, one right after the other, in the same run. Also ``triton_launch_us`` / ``direct_launch_us``: the
+compiled kernel's C launch its arguments after the first call), "wrapper" (the same through the
+compiled kernel's Python wrapper, ``compiled.run``) or "triton" (every launch through Triton's
+``kernel[grid](...)``, which binds and specializes the arguments each time); the device mode runs
+all three, one right after the other, in the same run. ``repeats``: decode ``auto`` at B 32 and the
+indexer step back to back, five samples each of "direct" and "wrapper" alternating, and the graph. Also ``triton_launch_us`` / ``direct_launch_us``: the
 host time of one launch of an empty Triton kernel each way (the floor any eager call pays per
 launch: split-K launches two kernels, the indexer step three), and every timed call's eager
 answer equals its graph replay bitwise with no error flag set.
@@ -87,7 +89,34 @@ def empty_launch_us(smoke, direct: bool) -> float | None:
 
 
 def launch_path(name):
+    if name == "wrapper":
+        return wrapper_launches()
     return contextlib.nullcontext() if name == "direct" else common.triton_launches()
+
+
+@contextlib.contextmanager
+def wrapper_launches():
+    """Direct launches through the compiled kernel's Python wrapper (``compiled.run``), never its C
+    launch: what launch_kernel did before it called the C launch itself."""
+    saved = common.C_LAUNCH_TRITON
+    common.C_LAUNCH_TRITON, _ = (), common._LAUNCHES.clear()
+    try:
+        yield
+    finally:
+        common.C_LAUNCH_TRITON, _ = saved, common._LAUNCHES.clear()
+
+
+def repeats(fn, smoke, times=5) -> dict | None:
+    """Back-to-back microseconds per call, ``times`` samples each of the direct launch and of the
+    wrapper, alternating (the host's speed drifts between rows minutes apart), and the graph's time."""
+    if smoke:
+        return None
+    got = {"direct": [], "wrapper": []}
+    for _ in range(times):
+        for name in got:
+            with launch_path(name):
+                got[name].append(round(bench.back_to_back_us(fn)["per_call_us"], 2))
+    return {**got, "graph_us": ab.time_us(fn, smoke, graph=True)}
 
 
 def timed(fn, smoke, mode, launch):
@@ -96,7 +125,7 @@ def timed(fn, smoke, mode, launch):
 
 
 # (mode, launch) of each row: device mode both ways, sync mode with the default launch
-VARIANTS = (("device", "direct"), ("device", "triton"), ("sync", "direct"))
+VARIANTS = (("device", "direct"), ("device", "wrapper"), ("device", "triton"), ("sync", "direct"))
 
 
 def primitives(smoke, cases: dict) -> dict | None:
@@ -152,6 +181,7 @@ def main(argv=None):
         f"indexer step B={B}": lambda: dsv4lab.indexer_topk(*inp.args(), max_seq_len=L, topk=16 if smoke else 512,
                                                              impl="triton"),
     }
+    payload["repeats"] = {k: repeats(f, smoke) for k, f in cases.items()}
     payload["primitives"] = primitives(smoke, cases)
     payload["profile"] = {k: ab.host_profile(f, smoke) for k, f in cases.items()}
     payload["complete"] = True
