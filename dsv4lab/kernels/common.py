@@ -398,7 +398,7 @@ def reused(name: str, shape: tuple, dtype: torch.dtype, device, *, poison: bool 
         t = _REUSED[key] = (torch.zeros if zeroed else torch.empty)(shape, dtype=dtype, device=device)
         if zeroed and _capturing(t):
             _UNZEROED.add(key)
-    elif key in _UNZEROED and not _capturing(t):
+    elif _UNZEROED and key in _UNZEROED and not _capturing(t):
         t.zero_()
         _UNZEROED.discard(key)
     if poison and _POISON[0]:
