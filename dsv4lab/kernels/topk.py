@@ -69,9 +69,6 @@ class TopkLaunch:
     histogram takes, one per lane of a warp; the cost per key of its ballot-based histogram grows
     with the bins); ``num_warps``: per program (8 warps hold a tile of 8192 keys as 32 a thread);
     ``anchor``: the key bits of pass 0's buckets (0: no pass 0, the radix starts at the top bit);
-    ``anchor_scale``: pass 0's buckets, "log" (key prefixes of ``anchor`` bits at and below the
-    largest key's: 1/8 octave each for 12 bits) or "linear" (32 equal value ranges between the
-    row's smallest and largest value, then the bucket's key range, one more reduction);
     ``split``: programs per row S (a power of two; None: ``split_for`` from the shapes; 1: the
     one-launch path). With S > 1 chunk s of a row of n live positions is [s*ceil(n/S), ...), each
     chunk program holds ``tile / S`` positions at once, and the row's S*k candidates are selected
@@ -82,7 +79,6 @@ class TopkLaunch:
     radix: int = 5
     num_warps: int = 8
     anchor: int = 12
-    anchor_scale: str = "log"
     split: int | None = None
     merge: str = "fused"
 
@@ -108,64 +104,17 @@ def order_keys(x, n_ok):
 
 
 @triton.jit
-def key_value(key):
-    """The float32 a key stands for (order_keys' inverse; -0.0 comes back as +0.0)."""
-    sk = (key ^ 0x80000000).to(tl.int32, bitcast=True)
-    return (sk ^ ((sk >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+def _digit_hist(key, himask, prefix, lo, dmask, NB: tl.constexpr):
+    """Histogram of the digit (key >> lo) & dmask over the valid keys whose fixed bits match prefix."""
+    match = (key != 0) & ((key & himask) == prefix)
+    return tl.histogram(((key >> lo) & dmask).to(tl.int32), NB, mask=match)
 
 
 @triton.jit
-def _max_min(a_max, a_min, b_max, b_min):
-    return tl.maximum(a_max, b_max), tl.minimum(a_min, b_min)
-
-
-@triton.jit
-def _key_range(key):
-    """(largest, smallest) valid key of a tile, one reduction: (0, 0xFFFFFFFF) when none is valid."""
-    return tl.reduce((key, tl.where(key != 0, key, 0xFFFFFFFF)), 0, _max_min)
-
-
-@triton.jit
-def _in_range(key, t_lo, t_hi):
-    return (key != 0) & (key >= t_lo) & (key <= t_hi)
-
-
-@triton.jit
-def _digit_hist(key, t_lo, t_hi, lo, dmask, NB: tl.constexpr):
-    """Histogram of the digit (key >> lo) & dmask over the valid keys in [t_lo, t_hi]."""
-    return tl.histogram(((key >> lo) & dmask).to(tl.int32), NB, mask=_in_range(key, t_lo, t_hi))
-
-
-@triton.jit
-def _anchor_bucket(key, base, vmin, scale, SH: tl.constexpr, NB: tl.constexpr, LINEAR: tl.constexpr):
-    """Pass 0's bucket of each key, non-decreasing in it: linear in the value between the row's
-    smallest and largest (LINEAR; fp32 x - vmin, times a positive scale, floored: each step keeps
-    the order), or the key prefix (key >> SH) - base; clamped to [0, NB - 1]."""
-    if LINEAR:
-        b = tl.floor((key_value(key) - vmin) * scale).to(tl.int32)
-    else:
-        b = (key >> SH).to(tl.int32) - base
-    return tl.minimum(tl.maximum(b, 0), NB - 1)
-
-
-@triton.jit
-def _anchor_hist(key, base, vmin, scale, SH: tl.constexpr, NB: tl.constexpr, LINEAR: tl.constexpr):
-    return tl.histogram(_anchor_bucket(key, base, vmin, scale, SH, NB, LINEAR), NB, mask=key != 0)
-
-
-@triton.jit
-def _bucket_range(key, d, base, vmin, scale, SH: tl.constexpr, NB: tl.constexpr, LINEAR: tl.constexpr):
-    """(largest, smallest) key of a tile's keys in pass 0's bucket d."""
-    inside = (key != 0) & (_anchor_bucket(key, base, vmin, scale, SH, NB, LINEAR) == d)
-    return _key_range(tl.where(inside, key, 0))
-
-
-@triton.jit
-def bit_length(x):
-    """Bits needed for the uint32 x, or one more (never fewer): the exponent of float32(x), which
-    rounds to nearest and so can round up to the next power of two. 0 for x = 0."""
-    e = ((x.to(tl.float32).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 126
-    return tl.minimum(tl.maximum(e, 0), 32)
+def _anchor_hist(key, base, SH: tl.constexpr, NB: tl.constexpr):
+    """Histogram of the anchored buckets: key prefix (key >> SH) - base, clamped to [0, NB - 1]."""
+    b = tl.minimum(tl.maximum((key >> SH).to(tl.int32) - base, 0), NB - 1)
+    return tl.histogram(b, NB, mask=key != 0)
 
 
 @triton.jit
@@ -182,19 +131,15 @@ def _select_digit(h, bins, k_rem):
 
 
 @triton.jit
-def _refine(h, bins, k_rem, t_lo, t_hi, lo, new_lo):
-    """One pass's outcome from its histogram ``h`` of bits new_lo..lo-1 of the keys in [t_lo, t_hi]
-    (which agree on every bit from lo up): the interval cut to the digit of the k_rem-th largest,
-    k_rem less the keys above it, and whether another pass is needed (not once the digit's keys
-    are wanted whole, or once the interval is one key)."""
+def _refine(h, bins, k_rem, prefix, himask, new_lo, dmask):
+    """One pass's outcome from its histogram ``h`` of bits new_lo.. of the matching keys: the digit
+    of the k_rem-th largest appended to the prefix, k_rem less the keys above it, and whether
+    another pass is needed (not once the digit's bucket is wanted whole, or every bit is fixed)."""
     d, above, in_d, k_rem = _select_digit(h, bins, k_rem)
     k_rem = k_rem - above
-    # the digit's keys: bits from lo up as t_lo's, bits new_lo..lo-1 the digit (64-bit: lo may be 32)
-    one = tl.full([], 1, tl.int64)
-    base = (t_lo.to(tl.int64) & ~((one << lo) - 1)) | (d.to(tl.int64) << new_lo)
-    t_lo = tl.maximum(t_lo.to(tl.int64), base).to(tl.uint32)
-    t_hi = tl.minimum(t_hi.to(tl.int64), base | ((one << new_lo) - 1)).to(tl.uint32)
-    return t_lo, t_hi, k_rem, (in_d > k_rem) & (t_lo < t_hi)
+    prefix = prefix | (d.to(tl.uint32) << new_lo)
+    himask = himask | (dmask << new_lo)
+    return prefix, himask, k_rem, (new_lo > 0) & (in_d > k_rem)
 
 
 @triton.jit
@@ -205,15 +150,14 @@ def _load_keys(row, c, offs, n):
 
 
 @triton.jit
-def _emit(key, t_lo, t_hi, k_rem, eq_seen, taken):
-    """Which keys of one tile are chosen and their output slots, and the running counts (keys in
-    the threshold's interval [t_lo, t_hi] seen so far, positions stored so far). Keys above t_hi
-    are in; those in the interval go in by position while k_rem of them are wanted (they are all
-    one value unless every one of them is wanted). One scan for both counts: keys above in the
-    high 16 bits, keys in the interval in the low 16 (a tile holds < 2^16)."""
+def _emit(key, himask, prefix, k_rem, eq_seen, taken):
+    """Which keys of one tile are chosen and their output slots, and the running counts (keys
+    equal to the threshold seen so far, positions stored so far). One scan for both counts: keys
+    above the threshold in the high 16 bits, keys at it in the low 16 (a tile holds < 2^16)."""
+    top = key & himask
     ok = key != 0
-    gt = (ok & (key > t_hi)).to(tl.int32)
-    eq = _in_range(key, t_lo, t_hi).to(tl.int32)
+    gt = (ok & (top > prefix)).to(tl.int32)
+    eq = (ok & (top == prefix)).to(tl.int32)
     c = tl.cumsum((gt << 16) | eq, 0)
     gt_before = (c >> 16) - gt                                       # in this tile, exclusive
     eq_before = eq_seen + (c & 0xFFFF) - eq                          # in the row, exclusive
@@ -225,24 +169,22 @@ def _emit(key, t_lo, t_hi, k_rem, eq_seen, taken):
 
 
 @triton.jit
-def _store(out, aux, key, sel, slot, pos, start, cand, STAGE: tl.constexpr):
+def _store(out, aux, row, sel, slot, pos, start, STAGE: tl.constexpr):
     """Store one tile's chosen positions: stage 0 the positions; stage 1 the candidates (position
-    start + pos in ``out``, its logit, from its key, in ``aux``); stage 2 the positions ``cand``
-    the candidates stand for."""
+    start + pos in ``out``, its logit in ``aux``); stage 2 the positions the candidates stand for."""
     if STAGE == 0:
         tl.store(out + slot, pos, mask=sel)
     elif STAGE == 1:
         tl.store(out + slot, start + pos, mask=sel)
-        tl.store(aux + slot, key_value(key), mask=sel)
+        tl.store(aux + slot, tl.load(row + pos, mask=sel), mask=sel)
     else:
-        tl.store(out + slot, cand, mask=sel)
+        tl.store(out + slot, tl.load(aux + pos, mask=sel), mask=sel)
 
 
 @triton.jit
 def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, stride_ob, stride_fb, num_pages, stride_pb,
                  TILE: tl.constexpr, RADIX: tl.constexpr, OUT_BLOCK: tl.constexpr,
-                 ANCHOR: tl.constexpr = 12, LINEAR: tl.constexpr = False, STAGE: tl.constexpr = 0,
-                 GUARD: tl.constexpr = False,
+                 ANCHOR: tl.constexpr = 12, STAGE: tl.constexpr = 0, GUARD: tl.constexpr = False,
                  PAGE: tl.constexpr = 64, MERGE_TILE: tl.constexpr = 32):
     """STAGE 0: the top-k of row b's live prefix. STAGE 1 (grid (B, S)): the top-k of chunk s of
     it, written as k candidates (positions to OUT, logits to AUX: [B, S*k], chunk s at s*k, -1 /
@@ -275,7 +217,7 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, str
         key0 = tl.where(offs < n, key0, 0)
         tl.atomic_or(ERR, flags, mask=(flags != 0) & (s == 0))
     if STAGE == 3:
-        _select(row, out, aux, n, key0, k, start, TILE, RADIX, OUT_BLOCK, ANCHOR, LINEAR, 1)
+        _select(row, out, aux, n, key0, k, start, TILE, RADIX, OUT_BLOCK, ANCHOR, 1)
         # every thread's candidate stores before the ticket's release (barrier + acq_rel atomic);
         # the last ticket resets the counter, so a CUDA graph replays from zero
         tl.debug_barrier()
@@ -286,75 +228,53 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, str
             vals = AUX + b * stride_ob
             mkey = _load_keys(vals, 0, tl.arange(0, MERGE_TILE), m)
             _select(vals, FINAL + b * stride_fb, OUT + b * stride_ob, m, mkey, k, 0, MERGE_TILE, RADIX, OUT_BLOCK,
-                    ANCHOR, LINEAR, 2)
+                    ANCHOR, 2)
     else:
-        _select(row, out, aux, n, key0, k, start, TILE, RADIX, OUT_BLOCK, ANCHOR, LINEAR, STAGE)
+        _select(row, out, aux, n, key0, k, start, TILE, RADIX, OUT_BLOCK, ANCHOR, STAGE)
 
 
 @triton.jit
 def _select(row, out, aux, n, key0, k, start, TILE: tl.constexpr, RADIX: tl.constexpr, OUT_BLOCK: tl.constexpr,
-            ANCHOR: tl.constexpr, LINEAR: tl.constexpr, STAGE: tl.constexpr):
+            ANCHOR: tl.constexpr, STAGE: tl.constexpr):
     """The top-k of the n keys at ``row`` (``key0``: its first tile's keys), stored as ``STAGE``
-    says (_store), then the -1 (and, stage 1, -inf) padding of the k output slots. The threshold
-    is kept as an interval [t_lo, t_hi] of keys: the row's key range, cut by pass 0's bucket and
-    then by each pass's digit."""
+    says (_store), then the -1 (and, stage 1, -inf) padding of the k output slots."""
     offs = tl.arange(0, TILE)
     NB: tl.constexpr = 1 << RADIX
-    SH: tl.constexpr = 32 - ANCHOR
     bins = tl.arange(0, NB)
-    if STAGE == 2:
-        cand0 = tl.load(aux + offs, mask=offs < n)                    # early: its latency hides behind the passes
-    else:
-        cand0 = offs
-    t_hi, t_lo = _key_range(key0)
-    for c in range(TILE, n, TILE):
-        t_hi, t_lo = _max_min(t_hi, t_lo, *_key_range(_load_keys(row, c, offs, n)))
-    k_rem = k                              # how many keys in [t_lo, t_hi] are still wanted
-    busy = t_lo < t_hi
+    prefix = tl.zeros([], tl.uint32)       # the key bits fixed so far (bits below lo are 0)
+    himask = tl.zeros([], tl.uint32)       # which bits those are
+    lo = tl.full([], 32, tl.int32)         # bits lo..31 are fixed
+    k_rem = k                              # how many keys equal to the prefix are still wanted
+    busy = lo > 0
     if ANCHOR > 0:
-        base = (t_hi >> SH).to(tl.int32) - (NB - 1)
-        vmin = key_value(t_lo)
-        span = key_value(t_hi) - vmin
-        # a finite, positive span (no inf or NaN key; an overflowing span is inf) or no linear pass 0
-        finite = (span > 0) & (span < float("inf"))
-        scale = tl.where(finite, NB / tl.where(finite, span, 1.0), 0.0)
-        h = _anchor_hist(key0, base, vmin, scale, SH, NB, LINEAR)
+        SH: tl.constexpr = 32 - ANCHOR
+        kmax = tl.max(key0, 0)
         for c in range(TILE, n, TILE):
-            h += _anchor_hist(_load_keys(row, c, offs, n), base, vmin, scale, SH, NB, LINEAR)
-        d, above, in_d, k_sel = _select_digit(h, bins, k_rem)
-        if LINEAR:
-            hit = scale > 0
-        else:
-            hit = d > 0                    # the lowest bucket holds every lower prefix: no cut
-        if LINEAR:
-            # the bucket's keys are no prefix: its key range, one more reduction
-            b_hi, b_lo = _bucket_range(key0, d, base, vmin, scale, SH, NB, LINEAR)
-            for c in range(TILE, n, TILE):
-                b_hi, b_lo = _max_min(b_hi, b_lo, *_bucket_range(_load_keys(row, c, offs, n), d, base, vmin, scale,
-                                                                 SH, NB, LINEAR))
-        else:
-            # the prefix's keys (shifted unsigned: no overflow)
-            b_lo = (base + d).to(tl.uint32) << SH
-            b_hi = b_lo | ((1 << SH) - 1)
-        t_lo = tl.where(hit, tl.maximum(b_lo, t_lo), t_lo)
-        t_hi = tl.where(hit, tl.minimum(b_hi, t_hi), t_hi)
-        k_rem = tl.where(hit, k_sel - above, k_rem)
-        busy = tl.where(hit, in_d > k_rem, busy) & (t_lo < t_hi)
+            kmax = tl.maximum(kmax, tl.max(_load_keys(row, c, offs, n), 0))
+        base = (kmax >> SH).to(tl.int32) - (NB - 1)
+        h = _anchor_hist(key0, base, SH, NB)
+        for c in range(TILE, n, TILE):
+            h += _anchor_hist(_load_keys(row, c, offs, n), base, SH, NB)
+        d, above, in_d, k_rem = _select_digit(h, bins, k_rem)
+        hit = d > 0                        # the lowest bucket holds every lower prefix: start from the top
+        prefix = tl.where(hit, (base + d).to(tl.uint32) << SH, prefix)      # shifted unsigned: no overflow
+        himask = tl.where(hit, ~tl.zeros([], tl.uint32) << SH, himask)
+        lo = tl.where(hit, SH, lo)
+        k_rem = tl.where(hit, k_rem - above, k_rem)
+        busy = tl.where(hit, in_d > k_rem, busy)
     while busy:
-        lo = bit_length(t_lo ^ t_hi)      # t_lo and t_hi agree on every bit from lo up
         new_lo = tl.maximum(lo - RADIX, 0)
         dmask = ((1 << (lo - new_lo)) - 1).to(tl.uint32)
-        h = _digit_hist(key0, t_lo, t_hi, new_lo, dmask, NB)
+        h = _digit_hist(key0, himask, prefix, new_lo, dmask, NB)
         for c in range(TILE, n, TILE):
-            h += _digit_hist(_load_keys(row, c, offs, n), t_lo, t_hi, new_lo, dmask, NB)
-        t_lo, t_hi, k_rem, busy = _refine(h, bins, k_rem, t_lo, t_hi, lo, new_lo)
-    sel, slot, eq_seen, taken = _emit(key0, t_lo, t_hi, k_rem, 0, 0)
-    _store(out, aux, key0, sel, slot, offs, start, cand0, STAGE)
+            h += _digit_hist(_load_keys(row, c, offs, n), himask, prefix, new_lo, dmask, NB)
+        prefix, himask, k_rem, busy = _refine(h, bins, k_rem, prefix, himask, new_lo, dmask)
+        lo = new_lo
+    sel, slot, eq_seen, taken = _emit(key0, himask, prefix, k_rem, 0, 0)
+    _store(out, aux, row, sel, slot, offs, start, STAGE)
     for c in range(TILE, n, TILE):
-        key = _load_keys(row, c, offs, n)
-        sel, slot, eq_seen, taken = _emit(key, t_lo, t_hi, k_rem, eq_seen, taken)
-        cand = tl.load(aux + c + offs, mask=sel) if STAGE == 2 else offs
-        _store(out, aux, key, sel, slot, c + offs, start, cand, STAGE)
+        sel, slot, eq_seen, taken = _emit(_load_keys(row, c, offs, n), himask, prefix, k_rem, eq_seen, taken)
+        _store(out, aux, row, sel, slot, c + offs, start, STAGE)
     o = tl.arange(0, OUT_BLOCK)
     for c in range(0, k, OUT_BLOCK):
         pad = (c + o >= taken) & (c + o < k)
@@ -449,10 +369,7 @@ def _topk_args(launch: TopkLaunch, B, width, k, page_size, guard):
         raise ValueError(f"split must be a power of two in [1, tile / 32 = {launch.tile // 32}], got {S}")
     if launch.merge not in ("launch", "fused"):
         raise ValueError(f"merge must be 'launch' or 'fused', got {launch.merge!r}")
-    if launch.anchor_scale not in ("log", "linear"):
-        raise ValueError(f"anchor_scale must be 'log' or 'linear', got {launch.anchor_scale!r}")
     opts = dict(RADIX=launch.radix, OUT_BLOCK=min(OUT_BLOCK, next_power_of_2(k)), ANCHOR=launch.anchor,
-                LINEAR=launch.anchor_scale == "linear",
                 PAGE=page_size, num_warps=launch.num_warps)
     merge_tile = min(launch.tile, next_power_of_2(S * k))
     fused = launch.merge == "fused"

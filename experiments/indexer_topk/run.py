@@ -56,8 +56,7 @@ H = 64
 #: warps None the shipped 8; the merge as its own launch first (the baseline), then fused (the
 #: shipped merge). Runs 5-7 also timed the bucket's compaction (tag exp/topk_rank_select).
 SPLITS = [(None, None, "launch"), (1, None, "launch"), (2, None, "launch"), (4, None, "launch"), (8, None, "launch"),
-          (4, 4, "launch"), (4, 16, "launch"), (None, None, "fused"), (2, None, "fused"), (8, None, "fused"),
-          (None, None, "fused", "linear"), (1, None, "launch", "linear")]   # (split, warps, merge[, anchor_scale])
+          (4, 4, "launch"), (4, 16, "launch"), (None, None, "fused"), (2, None, "fused"), (8, None, "fused")]
 #: the logits launches timed: the shipped one (run 1's pick) and run 1's default
 LOGITS_LAUNCHES = {"shipped": LOGITS, "run1": LOGITS_RUN1}
 
@@ -144,9 +143,8 @@ def run_checks(smoke, B, L, live) -> list:
     return rows
 
 
-def split_launch(split, warps=None, merge=None, scale=None):
-    return replace(TOPK, split=split, num_warps=warps or TOPK.num_warps, merge=merge or TOPK.merge,
-                   anchor_scale=scale or TOPK.anchor_scale)
+def split_launch(split, warps=None, merge=None):
+    return replace(TOPK, split=split, num_warps=warps or TOPK.num_warps, merge=merge or TOPK.merge)
 
 
 def random_lengths(B, live, seed):
@@ -171,8 +169,8 @@ def run_topk(smoke, B, live) -> list:
         timed[n, Lm] = (indexer.logits_triton(*inp.args(), Lm, fill_dead=False), inp.seq_lens)
         del inp
     sms = 2 if smoke else torch.cuda.get_device_properties(0).multi_processor_count
-    for split, warps, merge, *scale in SPLITS[:5] + SPLITS[-5:] if smoke else SPLITS:   # warps: one program in the interpreter
-        launch = split_launch(split, warps, merge, *scale)
+    for split, warps, merge in SPLITS[:5] + SPLITS[-3:] if smoke else SPLITS:   # warps: one program in the interpreter
+        launch = split_launch(split, warps, merge)
 
         def one(launch=launch):
             with poisoned():
@@ -182,20 +180,18 @@ def run_topk(smoke, B, live) -> list:
             for (n, Lm), (logits, seq) in timed.items():
                 row[f"us_live{n}_max{Lm}"] = ab.time_us(lambda: topk_triton(logits, seq, K, launch=launch), smoke)
             return row
-        rows.append(ab.attempt(dict(kind="topk", split=split, num_warps=launch.num_warps, merge=launch.merge,
-                                    anchor_scale=launch.anchor_scale, B=B, resolved_split=split or topk.split_for(B, L, K, sms)), one))
+        rows.append(ab.attempt(dict(kind="topk", split=split, num_warps=launch.num_warps, merge=launch.merge, B=B,
+                                    resolved_split=split or topk.split_for(B, L, K, sms)), one))
     del timed
     for b in ([1, 2] if smoke else [1, 64, 128]):
         inp = make_indexer_inputs(b, H, L, seq_lens=live, seed=53)
         logits = indexer.logits_triton(*inp.args(), L, fill_dead=False)
-        for split, merge, scale in ((None, "launch", "log"), (1, "launch", "log"), (None, "fused", "log"),
-                                    (None, "fused", "linear"), (1, "launch", "linear")):
-            def one(split=split, logits=logits, inp=inp, merge=merge, scale=scale):
+        for split, merge in ((None, "launch"), (1, "launch"), (None, "fused")):
+            def one(split=split, logits=logits, inp=inp, merge=merge):
                 return dict(us=ab.time_us(lambda: topk_triton(logits, inp.seq_lens, K, launch=split_launch(
-                    split, merge=merge, scale=scale)), smoke))
-            rows.append(ab.attempt(dict(kind="topk_batch", split=split, merge=merge, anchor_scale=scale,
-                                        resolved_split=split or topk.split_for(b, L, K, sms), B=b, live=live,
-                                        max_seq_len=L), one))
+                    split, merge=merge)), smoke))
+            rows.append(ab.attempt(dict(kind="topk_batch", split=split, merge=merge, resolved_split=split or topk.split_for(
+                b, L, K, sms), B=b, live=live, max_seq_len=L), one))
         del inp, logits
     return rows
 
@@ -378,8 +374,7 @@ def targets(rows, smoke, copy, max_lens) -> list:
         logits_us=_get(rows, "logits", f"us_live{n}", launch="shipped"), copy_tb_s=copy)
     live = 300 if smoke else 8192
     for L in max_lens[1:]:
-        shipped = _get(rows, "topk", f"us_live{live}_max{L}", split=None, num_warps=TOPK.num_warps, merge=TOPK.merge,
-                       anchor_scale=TOPK.anchor_scale)
+        shipped = _get(rows, "topk", f"us_live{live}_max{L}", split=None, num_warps=TOPK.num_warps, merge=TOPK.merge)
         add(f"top-k alone at live {live}, max {L} (us)", shipped, 15.0, note="the shipped split")
         e = _get(rows, "eager", "api_eager_us", max_seq_len=L)
         g = _get(rows, "eager", "api_graph_us", max_seq_len=L) or _get(rows, "eager", "fn_graph_us", max_seq_len=L)
