@@ -35,6 +35,7 @@ RUNNABLE = {
     "sglang_patch/run.py": ["--cpu-smoke"],
     "eager_host_path/run.py": [],
     "eager_host_path/host_python.py": ["--profile"],
+    "eager_host_path/process_state.py": [],
     "compute_sanitizer/run.py": [],
 }
 #: run in a process of its own: it compiles (DSV4LAB_MODE=compile) instead of interpreting
