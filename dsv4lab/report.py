@@ -31,22 +31,30 @@ def run_line(part: str = "decode", run: str = "h200") -> str:
 
 def decode_table(run: str = "h200") -> str:
     """Time per call (us, one-call CUDA graph) of every decode impl in the recorded run, auto's
-    speedup over SGLang's kernel, and auto per call inside a graph of 8 calls."""
+    speedup over SGLang's kernel, auto per call inside a graph of 8 calls, and auto called eagerly
+    back to back (bench.back_to_back_us: the host's issue time included) where the run has it."""
     df = runs.table("decode", run)
     df = df[df["graph_us"].notna()] if "graph_us" in df else df
     impls = [i for i in DECODE_IMPLS if i in set(df.impl)]
     t = df.pivot_table(index="B", columns="impl", values="graph_us")
     layer = df.pivot_table(index="B", columns="impl", values="graph_layer_us") if "graph_layer_us" in df else None
     head = ["B", *impls, "auto vs sglang"]
-    if layer is not None and "auto" in layer:
+    has_layer = layer is not None and "auto" in layer
+    if has_layer:
         head += ["auto, 8-call graph", "vs sglang, same"]
+    eager = (df[df.impl == "auto"].set_index("B")["back_to_back_us"]
+             if "back_to_back_us" in df and df.loc[df.impl == "auto", "back_to_back_us"].notna().any() else None)
+    if eager is not None:
+        head += ["auto, eager back to back"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for B, r in t.iterrows():
         cells = [str(int(B)), *(_fmt(r.get(i)) for i in impls)]
         cells.append(f"{r['sglang'] / r['auto']:.0f}x" if {"sglang", "auto"} <= set(r.index) else "-")
-        if len(head) > len(cells):
+        if has_layer:
             lr = layer.loc[B]
             cells += [_fmt(lr.get("auto")), f"{lr['sglang'] / lr['auto']:.0f}x" if "sglang" in lr else "-"]
+        if eager is not None:
+            cells.append(_fmt(eager.get(B)))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
