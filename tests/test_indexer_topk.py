@@ -71,8 +71,9 @@ def test_extreme_value_ranges(launch):
     x[1, 11] = math.inf                            # an inf logit: always chosen
     x[2] = 0.25                                    # every value equal: ties, lower positions first
     x[3] = -x[3].abs() - 5.0                       # all negative: the k-th largest is negative
-    x[4] = x[4] * 1e-40                            # subnormals, and -0.0 beside +0.0
+    x[4] = x[4] * 1e-40                            # subnormals, and -0.0 beside +0.0 (one key: ties)
     x[4, :20] = -0.0
+    x[4, 20:40] = 0.0
     x[5, ::2] = -math.inf                          # half the row can never be chosen
     x[6] = torch.where(torch.arange(200) % 3 == 0, 1e20, 1e-20)   # two clusters far apart, many ties
     n = _lens(200, 200, 200, 200, 200, 200, 200, 1)

@@ -135,3 +135,21 @@ def test_known_triton_calls_the_c_launch_and_others_the_wrapper(monkeypatch):
         (call,) = k.compiled.run.wrapped
         assert not k.compiled.run.launch.calls
         assert call[:9] == (2, 1, 1, 99, "fn", "meta", None, None, None) and call[9] is x
+
+
+def test_a_launch_hook_takes_triton_path(monkeypatch):
+    # the direct path passes no hooks: with an enter or an exit hook installed, Triton's path runs them
+    _direct(monkeypatch)
+    k, consts, x = FakeKernel(), {"A": 1}, torch.zeros(4)
+    common.launch_kernel(k, (1,), (x,), (16,), consts)
+    for chain in (common.triton.knobs.runtime.launch_enter_hook, common.triton.knobs.runtime.launch_exit_hook):
+        hook = lambda *a: None  # noqa: E731
+        chain.add(hook)
+        try:
+            before = len(k.slow)
+            common.launch_kernel(k, (1,), (x,), (16,), consts)
+            assert len(k.slow) == before + 1
+        finally:
+            chain.remove(hook)
+    common.launch_kernel(k, (1,), (x,), (16,), consts)          # no hook: the direct path again
+    assert len(k.slow) == 3

@@ -358,9 +358,11 @@ def _driver():
 
 
 def _launch_hooked() -> bool:
-    """A launch-enter hook is installed (Triton 3.6+ keeps them in a HookChain, older ones a callable)."""
-    hook = triton.knobs.runtime.launch_enter_hook
-    return bool(getattr(hook, "calls", hook))
+    """A launch-enter or -exit hook is installed (Triton 3.6+ keeps them in a HookChain, older ones a
+    callable): the direct path passes neither, so a hooked launch goes through Triton."""
+    rt = triton.knobs.runtime
+    enter, leave = rt.launch_enter_hook, getattr(rt, "launch_exit_hook", None)
+    return bool(getattr(enter, "calls", enter)) or bool(getattr(leave, "calls", leave))
 
 
 _POISON = [False]

@@ -38,7 +38,6 @@ import triton.language as tl
 from ..api import register
 from ..cache import INDEX_DIM, IndexKCache
 from ..device import info, is_interpret
-from . import common
 from .common import alloc, cdiv, dot_dtype, launch_kernel, next_power_of_2
 from .topk import TOPK, TopkLaunch, select, topk_triton
 
@@ -232,12 +231,10 @@ def _check_q(q):
                         f"cores), got {q.dtype}: cast it (q.to(torch.bfloat16) rounds it) or use impl='torch_fp32'")
 
 
-def _launch_logits(q, index_cache, weights, seq_lens, page_table, max_seq_len, launch, fill_dead, nprog=None,
-                   out=None):
-    """logits_triton after its argument checks (the step calls it directly, with its workspace as ``out``)."""
+def _launch_logits(q, index_cache, weights, seq_lens, page_table, max_seq_len, launch, fill_dead, nprog=None):
+    """logits_triton after its argument checks (the step calls it directly)."""
     B, H, D = q.shape
-    if out is None:
-        out = alloc((B, max_seq_len), torch.float32, q.device)
+    out = alloc((B, max_seq_len), torch.float32, q.device)
     if B == 0:
         return out
     g, consts = _logits_args(launch, B, H, D, max_seq_len, index_cache.page_size, nprog, fill_dead)
@@ -269,13 +266,9 @@ def topk_step(q, index_cache: IndexKCache, weights, seq_lens, page_table, max_se
     [0, max_seq_len] (both kernels), a request cut before its first live page id outside the cache
     (the logits kernel never reads such a page; the top-k stops before it), each flagged in the
     error word by the top-k. The arguments are taken as the API checked them: only what the
-    Triton kernels add (q's dtype and head count, k) is checked here. The logits live in a
-    workspace kept per shape (common.reused, as split-K's partials and the top-k's candidates: two
-    steps of one shape must not run concurrently on different streams), not in a new allocation
-    each call: nothing outside the step reads them."""
+    Triton kernels add (q's dtype and head count, k) is checked here."""
     _check_q(q)
-    logits = common.reused("indexer.logits", (q.shape[0], max_seq_len), torch.float32, q.device)
-    _launch_logits(q, index_cache, weights, seq_lens, page_table, max_seq_len, launch or LOGITS, False, out=logits)
+    logits = _launch_logits(q, index_cache, weights, seq_lens, page_table, max_seq_len, launch or LOGITS, False)
     return select(logits, seq_lens, k, topk_launch or TOPK, (page_table, index_cache.num_pages, index_cache.page_size))
 
 

@@ -93,7 +93,10 @@ def stubbed(direct: bool = True):
     ``run``, here :class:`FakeCompiled`), as on the H200 after a signature's first call; False:
     every launch is a stubbed ``kernel[grid](...)`` (what the interpreter's path costs)."""
     saved = [(m, name, getattr(m, name)) for m in PLANNED for name in ("info", "is_interpret")]
-    saved += [(common, name, getattr(common, name)) for name in ("is_interpret", "_DRIVER")]
+    # launch_kernel's cache is swapped for an empty one: entries made here launch the stand-in
+    saved += [(common, name, getattr(common, name)) for name in ("is_interpret", "_DRIVER", "_LAUNCHES")]
+    common._LAUNCHES = {}
+    given = []                                 # kernels handed a ``params`` here (taken back on leaving)
     if direct:
         common.is_interpret = lambda: False
         common._DRIVER = [lambda: 0, lambda device: 0]
@@ -102,6 +105,7 @@ def stubbed(direct: bool = True):
         for k in kernels:
             if not hasattr(k, "params"):
                 k.params = _params(k)
+                given.append(k)
     saved += [(m, "out_dtype", m.out_dtype) for m in (common, split_k, head_batched)]
     saved.append((KernelInterface, "__getitem__", KernelInterface.__getitem__))
     for m in PLANNED:
@@ -116,6 +120,8 @@ def stubbed(direct: bool = True):
     finally:
         for m, name, v in saved:
             setattr(m, name, v)
+        for k in given:
+            del k.params
         for f in PER_SHAPE:
             f.cache_clear()
 

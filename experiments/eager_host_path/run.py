@@ -26,8 +26,8 @@ answer equals its graph replay bitwise with no error flag set.
 
 Where the host time goes: ``primitives``, host microseconds per call (median of 9 batches of 200
 back-to-back calls) of the pieces an eager call is made of (torch.empty, a torch elementwise
-launch, an empty Triton kernel through ``kernel[grid]`` and through its compiled launcher, whole
-eager calls), and ``profile``, the top functions by own time in a cProfile of 300 eager calls of
+launch, an empty Triton kernel through ``kernel[grid]``, through ``compiled.run`` (Triton's Python
+wrapper) and through the C launch launch_kernel calls, whole eager calls), and ``profile``, the top functions by own time in a cProfile of 300 eager calls of
 decode ``auto`` at B 32 and of the indexer step. Expected runtime on an H200: about 2 minutes
 (compiling included).
 """
@@ -138,12 +138,14 @@ def primitives(smoke, cases: dict) -> dict | None:
     x = torch.zeros(1, device=dev)
     compiled = _empty_kernel[(1,)](x)
     stream = driver.active.get_current_stream(torch.cuda.current_device())
+    c_launch, head = common._launcher(compiled)     # the C launch where launch_kernel calls it, else the wrapper
     prims = {
         "torch.empty 32x64x512 bf16": lambda: torch.empty(32, 64, 512, dtype=torch.bfloat16, device=dev),
         "torch x.add_(1)": lambda: x.add_(1),
         "triton kernel[grid](x)": lambda: _empty_kernel[(1,)](x),
-        "compiled.run(x) direct": lambda: compiled.run(1, 1, 1, stream, compiled.function, compiled.packed_metadata,
-                                                        None, None, None, x),
+        "compiled.run(x) wrapper": lambda: compiled.run(1, 1, 1, stream, compiled.function, compiled.packed_metadata,
+                                                         None, None, None, x),
+        "C launch(x)": lambda: c_launch(1, 1, 1, stream, *head, x),
         **{f"eager {k}": f for k, f in cases.items()},
     }
     return {k: round(host_us(f, False, batches=9, calls=200), 2) for k, f in prims.items()}
