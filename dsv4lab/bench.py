@@ -159,19 +159,16 @@ def decode_row(impl, inp, *, graph=True, eager=True, baseline_us=None, layer_inp
     """Time one impl on one input set and derive bytes, FLOP/s and shares of the ceilings.
     ``eager_us`` is do_bench's median without a graph: L2 is flushed before each call and the host
     issues the call meanwhile, so it is the GPU's time when the host keeps up; ``back_to_back_us``
-    is what a loop of eager calls pays a call, the host's issue time included. ``layer_inputs`` (layer_copies): also graph_layer_us,
-    the time per call inside one graph of len(layer_inputs) calls (time_per_call_in_graph_ms), and
-    its TFLOP/s and speedup."""
+    is what a loop of eager calls pays a call, the host's issue time included. ``layer_inputs``
+    (layer_copies): also graph_layer_us, the time per call inside one graph of len(layer_inputs)
+    calls (time_per_call_in_graph_ms), and its TFLOP/s and speedup."""
     B, H, _ = inp.q.shape
     K = inp.indices.shape[1]
     fn = lambda **c: api.sparse_decode(inp.q, inp.cache, inp.indices, impl=impl, **inp.kwargs(), **kw, **c)  # noqa: E731
     row = {"impl": impl, "B": B, "H": H, "K": K}
     if eager:
         row["eager_us"] = time_ms(fn) * 1e3                   # checks="device": no host sync
-        try:                               # a failure here keeps the times measured
-            row["back_to_back_us"] = back_to_back_us(fn)["per_call_us"]
-        except Exception as e:
-            row["back_to_back_error"] = repr(e)[:300]
+        _add_back_to_back(row, fn)
         # the same launches after the host checks of checks="sync" (a few host syncs a call)
         row["eager_sync_checks_us"] = time_ms(lambda: fn(checks="sync")) * 1e3
     if graph:
@@ -207,8 +204,8 @@ def decode_row(impl, inp, *, graph=True, eager=True, baseline_us=None, layer_inp
 
 def indexer_row(impl, inp, *, graph=True, eager=True) -> dict:
     """Time one indexer_logits impl on one input set (testing.IndexerInputs) through its registered
-    function (no API checks, so no host sync; ``eager_us`` and ``back_to_back_us`` as in decode_row), with the bytes the live context needs (keys once,
-    q, weights) and writes (the [B, max_seq_len] fp32 logits), and the floor they imply."""
+    function (no API checks, so no host sync; ``eager_us`` and ``back_to_back_us`` as in
+    decode_row), with the bytes the live context needs (keys once, q, weights) and writes (the [B, max_seq_len] fp32 logits), and the floor they imply."""
     from .cache import INDEX_TOKEN_BYTES
     fn = api.impl_info("indexer_logits", impl).fn
     B, H, _ = inp.q.shape
@@ -223,11 +220,16 @@ def indexer_row(impl, inp, *, graph=True, eager=True) -> dict:
         row["graph_us"] = time_ms(call, graph=True) * 1e3
     if eager:
         row["eager_us"] = time_ms(call) * 1e3
-        try:
-            row["back_to_back_us"] = back_to_back_us(call)["per_call_us"]
-        except Exception as e:
-            row["back_to_back_error"] = repr(e)[:300]
+        _add_back_to_back(row, call)
     return row
+
+
+def _add_back_to_back(row: dict, fn):
+    """row["back_to_back_us"] of ``fn``; a failure is recorded beside the times already measured."""
+    try:
+        row["back_to_back_us"] = back_to_back_us(fn)["per_call_us"]
+    except Exception as e:
+        row["back_to_back_error"] = repr(e)[:300]
 
 
 def indexer_topk_row(inp, topk=512) -> dict:

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..api import _capturing
 from ..cache import DATA_BYTES, HEAD_DIM, NOPE_DIM, SCALE_BYTES
 from ..device import is_interpret
 from .. import errors
@@ -294,10 +295,11 @@ def launch_kernel(kernel, grid: tuple, tensors: tuple, scalars: tuple, consts: d
     current_device, current_stream = _DRIVER or _driver()
     device = current_device()
     # values and types: 16 == 16.0 == hash(16.0) and True == 1, but Triton compiles each differently.
-    # id(kernel), not the kernel: a JITFunction's __hash__ is Python (its cache key), ~1 us a launch
+    # id(kernel), not the kernel: a JITFunction's __hash__ is Python (its cache key), ~1 us a launch.
+    # The entry holds consts and the kernel, so while it exists their ids in its key stay theirs.
     key = (id(kernel), device, grid, id(consts), scalars, tuple(map(type, scalars)), tuple(map(_DTYPE, tensors)))
     hit = _LAUNCHES.get(key)
-    if hit is None or hit[0] is not consts or hit[1] is not kernel:
+    if hit is None:
         compiled = kernel[grid](*tensors, *scalars, **consts)
         # the launcher takes every parameter in signature order, constexprs included
         tail = tuple(consts.get(p.name, p.default) for p in kernel.params[len(tensors) + len(scalars):])
@@ -410,10 +412,6 @@ def reused(name: str, shape: tuple, dtype: torch.dtype, device, *, poison: bool 
 
 #: zeroed workspaces made during capture: not yet zero outside the graph
 _UNZEROED: set = set()
-
-
-def _capturing(t: torch.Tensor) -> bool:
-    return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def finish(out: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,7 @@
 The indexer step (``dsv4lab.indexer_topk(impl="triton")``, B 32, 8192 live, max context 262208)
 is timed back to back (``bench.back_to_back_us``, five samples) in one process after each of:
 
-* ``quiet``: nothing but earlier eager calls;
+* ``quiet``: nothing more (it follows the script's start: making the inputs, compiling, the graph's timing);
 * ``after_cpu_reference``: the float64 top-k reference on the CPU over the [32, 262208] logits (what
   ``experiments/indexer_topk``'s checks run before its eager rows), timed right after it returns;
 * ``after_cpu_reference_sleep``: the same, then two seconds of sleep;

@@ -19,17 +19,18 @@ compiled kernel's C launch its arguments after the first call), "wrapper" (the s
 compiled kernel's Python wrapper, ``compiled.run``) or "triton" (every launch through Triton's
 ``kernel[grid](...)``, which binds and specializes the arguments each time); the device mode runs
 all three, one right after the other, in the same run. ``repeats``: decode ``auto`` at B 32 and the
-indexer step back to back, five samples each of "direct" and "wrapper" alternating, and the graph. Also ``triton_launch_us`` / ``direct_launch_us``: the
-host time of one launch of an empty Triton kernel each way (the floor any eager call pays per
-launch: split-K launches two kernels, the indexer step three), and every timed call's eager
-answer equals its graph replay bitwise with no error flag set.
+indexer step back to back, five samples each of "direct" and "wrapper" alternating, and the graph.
+Also ``triton_launch_us`` / ``direct_launch_us``: the host time of one launch of an empty Triton
+kernel each way (the floor any eager call pays per launch: split-K launches two kernels, the
+indexer step two), and every timed call's eager answer equals its graph replay bitwise with no
+error flag set.
 
 Where the host time goes: ``primitives``, host microseconds per call (median of 9 batches of 200
 back-to-back calls) of the pieces an eager call is made of (torch.empty, a torch elementwise
 launch, an empty Triton kernel through ``kernel[grid]``, through ``compiled.run`` (Triton's Python
-wrapper) and through the C launch launch_kernel calls, whole eager calls), and ``profile``, the top functions by own time in a cProfile of 300 eager calls of
-decode ``auto`` at B 32 and of the indexer step. Expected runtime on an H200: about 2 minutes
-(compiling included).
+wrapper) and through the C launch launch_kernel calls, whole eager calls), and ``profile``, the
+top functions by own time in a cProfile of 300 eager calls of decode ``auto`` at B 32 and of the
+indexer step. Expected runtime on an H200: about 2 minutes (compiling included).
 """
 import statistics
 import time
@@ -99,11 +100,13 @@ def wrapper_launches():
     """Direct launches through the compiled kernel's Python wrapper (``compiled.run``), never its C
     launch: what launch_kernel did before it called the C launch itself."""
     saved = common.C_LAUNCH_TRITON
-    common.C_LAUNCH_TRITON, _ = (), common._LAUNCHES.clear()
+    common.C_LAUNCH_TRITON = ()
+    common._LAUNCHES.clear()                 # entries made before hold the C launch
     try:
         yield
     finally:
-        common.C_LAUNCH_TRITON, _ = saved, common._LAUNCHES.clear()
+        common.C_LAUNCH_TRITON = saved
+        common._LAUNCHES.clear()
 
 
 def repeats(fn, smoke, times=5) -> dict | None:
