@@ -80,6 +80,13 @@ if gluon is not None:
     _L2_PREFETCH_ASM = gl.constexpr(L2_PREFETCH_ASM)
 
     @gluon.jit
+    def _clock(trace, slot: gl.constexpr, TRACED: gl.constexpr):
+        """TRACE row [slot] = %globaltimer (experiments/hopper_decode's clocks; compiled out when off)."""
+        if TRACED:
+            t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+            gl.store(trace + slot, t)
+
+    @gluon.jit
     def _token_bytes(IDX, row, start, hi, layout: gl.constexpr, N: gl.constexpr,
                      PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr):
         """Byte offsets of N tokens' data and scale bytes in the cache, and which are valid."""
@@ -143,9 +150,9 @@ if gluon is not None:
                                   dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
-    def _producer(IDX, KV_U8, KV_BF16, kv_bufs, ready, empty, row, lo, hi,
+    def _producer(IDX, KV_U8, KV_BF16, kv_bufs, ready, empty, row, lo, hi, trace,
                   PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr, BLOCK_N: gl.constexpr,
-                  CHUNK: gl.constexpr, NUM_BUF: gl.constexpr, NOPE: gl.constexpr):
+                  CHUNK: gl.constexpr, NUM_BUF: gl.constexpr, NOPE: gl.constexpr, TRACED: gl.constexpr):
         """Worker partition: fill the ring, one BLOCK_N tile a step, CHUNK tokens at a time. The
         next chunk's loads are issued before this chunk's dequant and stores, and the next tile's
         bytes are asked into L2 once this tile's first loads are out (only one chunk is in flight
@@ -177,19 +184,48 @@ if gluon is not None:
                 # the rope overwrites columns 448..511 of the same rows (the compiler orders the two
                 # stores with a barrier of the producer's warps)
                 rows.slice(NOPE, 64, dim=1).store(r)
+                if i == 0 and c == 0:
+                    _clock(trace, 2, TRACED)
                 if c + 1 < NCH:
                     x, e, r = xn, en, rn
             # generic-proxy stores -> async-proxy reads (wgmma): fence, then publish the tile
             fence_async_shared()
             mbarrier.arrive(ready.index(s), count=1)
+            if i == 0:
+                _clock(trace, 3, TRACED)
+        _clock(trace, 4, TRACED)
 
     @gluon.jit
-    def _consumer(q_smem, kv_bufs, ready, empty, IDX, row, lo, hi, qk_scale, SINK, O, LSE, b, hb, sp, H,
-                  stride_ob, stride_oh, stride_os, nsplit,
+    def _idle(kv_bufs, ready, empty, lo, hi, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, PRODUCER: gl.constexpr):
+        """An ablation's stand-in for one partition: the ring's hand-offs without the work."""
+        for i in range(gl.cdiv(hi - lo, BLOCK_N)):
+            s = i % NUM_BUF
+            phase = (i // NUM_BUF) & 1
+            if PRODUCER:
+                mbarrier.wait(empty.index(s), phase ^ 1)
+                fence_async_shared()
+                mbarrier.arrive(ready.index(s), count=1)
+            else:
+                mbarrier.wait(ready.index(s), phase)
+                mbarrier.arrive(empty.index(s), count=1)
+
+    @gluon.jit
+    def _consumer(Q, q_smem, kv_bufs, ready, empty, IDX, row, lo, hi, qk_scale, SINK, O, LSE, b, hb, sp, H,
+                  stride_qb, stride_qh, stride_ob, stride_oh, stride_os, nsplit, trace,
                   HAS_SINK: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr,
-                  D: gl.constexpr):
-        """Default partition (2 warp groups): wgmma + online softmax over the ring, then the rows'
-        output and lse (final, or this slice's partial)."""
+                  D: gl.constexpr, TRACED: gl.constexpr):
+        """Default partition (2 warp groups): Q into shared memory, wgmma + online softmax over the
+        ring, then the rows' output and lse (final, or this slice's partial)."""
+        # Q [BLOCK_H, 512] -> shared memory once, here rather than before the split into partitions,
+        # so the producer's first gather does not wait for it; every tile's Q @ K^T reads it there
+        rowmajor: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [gl.num_warps(), 1], [1, 0])
+        heads_ld = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, rowmajor))
+        col_ld = gl.arange(0, D, layout=gl.SliceLayout(0, rowmajor))
+        q = gl.load(Q + b * stride_qb + gl.expand_dims(heads_ld, 1) * stride_qh + gl.expand_dims(col_ld, 0),
+                    mask=gl.expand_dims(heads_ld < H, 1), other=0.0)
+        q_smem.store(q.to(gl.bfloat16))
+        fence_async_shared()
+        _clock(trace, 1, TRACED)
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                            instr_shape=[16, BLOCK_N // 2, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
@@ -211,6 +247,8 @@ if gluon is not None:
             valid = gl.expand_dims((pos < hi) & (tok >= 0), 0)
             kv = kv_bufs.index(s)
             mbarrier.wait(ready.index(s), phase)
+            if i == 0:
+                _clock(trace, 5, TRACED)
             sc = warpgroup_mma(q_smem, kv.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))
             sc = gl.where(valid, sc, float("-inf"))
@@ -224,6 +262,9 @@ if gluon is not None:
             acc = warpgroup_mma(p_op, kv, acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(empty.index(s), count=1)
+            if i == 0:
+                _clock(trace, 6, TRACED)
+        _clock(trace, 7, TRACED)
         # the rows' output and lse (head_batched._finish_rows, in this layout)
         heads = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=rows_o)
         hmask = heads < H
@@ -231,29 +272,42 @@ if gluon is not None:
         m_o = gl.convert_layout(m_i, rows_o)
         has = l_o > 0.0
         lse = gl.where(has, (m_o + gl.log2(gl.where(has, l_o, 1.0))) / 1.4426950408889634, float("-inf"))
-        out = acc / gl.expand_dims(gl.where(has, l_o, 1.0), 1)
+        # one factor a row, multiplied in: dividing each of a thread's 128 values is an fp32
+        # division subroutine apiece
+        inv = 1.0 / gl.where(has, l_o, 1.0)
         if HAS_SINK:
             sink = gl.load(SINK + heads, mask=hmask, other=0.0).to(gl.float32)
             new_lse = gl.maximum(lse, sink) + gl.log(1.0 + gl.exp(-gl.abs(lse - sink)))
             new_lse = gl.where(has, new_lse, sink)
-            out = out * gl.expand_dims(gl.exp(lse - new_lse), 1)
+            inv = inv * gl.exp(lse - new_lse)
             lse = new_lse
-        col = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
-        o_ptr = (O + b * stride_ob + gl.expand_dims(heads, 1) * stride_oh + sp * stride_os
-                 + gl.expand_dims(col, 0))
-        gl.store(o_ptr, out.to(O.dtype.element_ty), mask=gl.expand_dims(hmask, 1))
+        # out through shared memory (Q's buffer: the last Q K^T has completed), so each thread
+        # stores 16 bytes of a row instead of the MMA layout's scattered 4-byte pieces
+        q_smem.store((acc * gl.expand_dims(inv, 1)).to(gl.bfloat16))
+        out = q_smem.load(rowmajor)
+        o_ptr = (O + b * stride_ob + gl.expand_dims(heads_ld, 1) * stride_oh + sp * stride_os
+                 + gl.expand_dims(col_ld, 0))
+        gl.store(o_ptr, out.to(O.dtype.element_ty), mask=gl.expand_dims(heads_ld < H, 1))
         gl.store(LSE + (b * H + heads) * nsplit + sp, lse, mask=hmask)
+        _clock(trace, 8, TRACED)
 
     @gluon.jit
     def _hopper_decode_kernel(Q, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
-                              qk_scale, K, H, split_len,
+                              TRACE, qk_scale, K, H, split_len,
                               stride_qb, stride_qh, stride_ib, stride_ob, stride_oh, stride_os,
                               PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr,
                               HAS_TOPK_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
                               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr,
                               CHUNK: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                               D: gl.constexpr, NOPE: gl.constexpr, num_warps: gl.constexpr,
-                              LAUNCH_DEPENDENTS: gl.constexpr = False):
+                              LAUNCH_DEPENDENTS: gl.constexpr = False, TRACED: gl.constexpr = False,
+                              ABLATE: gl.constexpr = 0):
+        trace = TRACE + ((gl.program_id(0) * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(2)
+                         + gl.program_id(2)) * 10
+        _clock(trace, 0, TRACED)
+        if TRACED:
+            sm = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+            gl.store(trace + 9, sm.to(gl.int64))
         if LAUNCH_DEPENDENTS:
             tl.extra.cuda.gdc_launch_dependents()      # let the combine launch now (it waits on the GPU)
         b = gl.program_id(0)
@@ -267,15 +321,9 @@ if gluon is not None:
         hi = gl.minimum(lo + split_len, n_valid)
         row = b * stride_ib
 
-        # Q [BLOCK_H, 512] -> shared memory once; every tile's Q @ K^T reads it from there
         q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, D], gl.bfloat16)
         kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], gl.bfloat16)
-        ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
-        heads = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld))
-        col = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
-        q = gl.load(Q + b * stride_qb + gl.expand_dims(heads, 1) * stride_qh + gl.expand_dims(col, 0),
-                    mask=gl.expand_dims(heads < H, 1), other=0.0)
-        q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D], q_layout, q.to(gl.bfloat16))
+        q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D], q_layout)
         kv_bufs = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, D], kv_layout)
         ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
@@ -284,12 +332,27 @@ if gluon is not None:
             mbarrier.init(empty.index(i), count=1)
         fence_async_shared()
 
-        gl.warp_specialize([
-            (_consumer, (q_smem, kv_bufs, ready, empty, IDX, row, lo, hi, qk_scale, SINK, O, LSE, b, hb, sp, H,
-                         stride_ob, stride_oh, stride_os, nsplit, HAS_SINK, BLOCK_H, BLOCK_N, NUM_BUF, D)),
-            (_producer, (IDX, KV_U8, KV_BF16, kv_bufs, ready, empty, row, lo, hi,
-                         PAGE_SIZE, PAGE_BYTES, BLOCK_N, CHUNK, NUM_BUF, NOPE)),
-        ], [PRODUCER_WARPS], [PRODUCER_REGS])
+        if ABLATE == 1:         # consumers that only pass the buffers back: the producer alone
+            gl.warp_specialize([
+                (_idle, (kv_bufs, ready, empty, lo, hi, BLOCK_N, NUM_BUF, False)),
+                (_producer, (IDX, KV_U8, KV_BF16, kv_bufs, ready, empty, row, lo, hi, trace,
+                             PAGE_SIZE, PAGE_BYTES, BLOCK_N, CHUNK, NUM_BUF, NOPE, TRACED)),
+            ], [PRODUCER_WARPS], [PRODUCER_REGS])
+        elif ABLATE == 2:       # a producer that only publishes the buffers: the consumers alone
+            gl.warp_specialize([
+                (_consumer, (Q, q_smem, kv_bufs, ready, empty, IDX, row, lo, hi, qk_scale, SINK, O, LSE, b, hb, sp, H,
+                             stride_qb, stride_qh, stride_ob, stride_oh, stride_os, nsplit, trace, HAS_SINK, BLOCK_H, BLOCK_N, NUM_BUF, D,
+                             TRACED)),
+                (_idle, (kv_bufs, ready, empty, lo, hi, BLOCK_N, NUM_BUF, True)),
+            ], [PRODUCER_WARPS], [PRODUCER_REGS])
+        else:
+            gl.warp_specialize([
+                (_consumer, (Q, q_smem, kv_bufs, ready, empty, IDX, row, lo, hi, qk_scale, SINK, O, LSE, b, hb, sp, H,
+                             stride_qb, stride_qh, stride_ob, stride_oh, stride_os, nsplit, trace, HAS_SINK, BLOCK_H, BLOCK_N, NUM_BUF, D,
+                             TRACED)),
+                (_producer, (IDX, KV_U8, KV_BF16, kv_bufs, ready, empty, row, lo, hi, trace,
+                             PAGE_SIZE, PAGE_BYTES, BLOCK_N, CHUNK, NUM_BUF, NOPE, TRACED)),
+            ], [PRODUCER_WARPS], [PRODUCER_REGS])
 
 
 def nsplit_for(B: int, H: int, K: int, sms: int) -> int:
@@ -307,7 +370,8 @@ def pdl_for(B: int, H: int, nsplit: int, sms: int) -> bool:
     return nsplit > 1 and 2 * B * triton.cdiv(H, BLOCK_H) * nsplit <= sms and pdl_supported()
 
 
-def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, nsplit: int, pdl: bool = False):
+def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, nsplit: int, pdl: bool = False,
+           trace=None, ablate: int = 0):
     """One launch of the kernel. nsplit > 1: ``out`` / ``lse`` are the partial workspaces
     [B, H, NSPLIT, 512] (bf16) / [B, H, NSPLIT] and ``attn_sink`` must be None (the merge applies it).
     ``pdl``: the kernel lets a programmatic dependent launch (the combine) start early."""
@@ -321,14 +385,15 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, nsplit: i
         q, u8, bf16, indices,
         topk_len if topk_len is not None else lse,
         attn_sink if attn_sink is not None else lse,
-        out, lse, sm_scale * LOG2E, K, H, split_len,
+        out, lse, trace if trace is not None else lse, sm_scale * LOG2E, K, H, split_len,
         q.stride(0), q.stride(1), indices.stride(0), out.stride(0), out.stride(1),
         out.stride(2) if nsplit > 1 else 0,
         PAGE_SIZE=cache.page_size, PAGE_BYTES=cache.page_bytes,
         HAS_TOPK_LEN=topk_len is not None, HAS_SINK=attn_sink is not None,
         BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, NUM_BUF=NUM_BUF, CHUNK=CHUNK,
         PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS, D=D, NOPE=448,
-        num_warps=NUM_WARPS, maxnreg=MAXNREG, LAUNCH_DEPENDENTS=pdl)
+        num_warps=NUM_WARPS, maxnreg=MAXNREG, LAUNCH_DEPENDENTS=pdl, TRACED=trace is not None,
+        ABLATE=ablate)
 
 
 @register("sparse_decode", "hopper", stage="beyond",
