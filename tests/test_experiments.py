@@ -23,6 +23,7 @@ RUNNABLE = {
     "combine_launch_shape/combine_shape.py": [],
     "fp8_dequant_by_integer_ops/dequant.py": [],
     "hopper_decode/run.py": [],
+    "hopper_decode/clocks.py": [],
     "indexer_page_loop/indexer_sweep.py": [],
     "indexer_topk/run.py": [],
     "indexer_selection_quality/quality.py": [],

@@ -31,10 +31,12 @@ from __future__ import annotations
 import torch
 import triton
 
+from .. import errors
 from ..api import register
 from ..device import info, is_interpret, mode
 from ..planning import MAX_SPLIT
-from . import guards, split_k
+from ..errors import Flag
+from . import split_k
 from .common import (E4M3_BAD_SCALE, E4M3_TO_BF16_ASM, L2_PREFETCH_ASM, LOG2E, MAX_SCALE_BYTE, alloc, cache_views,
                      finish, token_limit)
 
@@ -78,6 +80,9 @@ if gluon is not None:
     _E4M3_ASM = gl.constexpr(E4M3_TO_BF16_ASM)
     _E4M3_BAD = gl.constexpr(E4M3_BAD_SCALE)
     _L2_PREFETCH_ASM = gl.constexpr(L2_PREFETCH_ASM)
+    _INDEX_FLAG = gl.constexpr(int(Flag.INDEX))
+    _TOPK_LEN_FLAG = gl.constexpr(int(Flag.TOPK_LEN))
+    _SINK_FLAG = gl.constexpr(int(Flag.SINK))
 
     @gluon.jit
     def _clock(trace, slot: gl.constexpr, TRACED: gl.constexpr):
@@ -87,13 +92,14 @@ if gluon is not None:
             gl.store(trace + slot, t)
 
     @gluon.jit
-    def _token_bytes(IDX, row, start, hi, layout: gl.constexpr, N: gl.constexpr,
+    def _token_bytes(IDX, row, start, hi, num_tokens, layout: gl.constexpr, N: gl.constexpr,
                      PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr):
-        """Byte offsets of N tokens' data and scale bytes in the cache, and which are valid."""
+        """Byte offsets of N tokens' data and scale bytes in the cache, and which are valid (inside
+        the slice and a token of the cache: padding, or an index past the cache, is never read)."""
         pos = start + gl.arange(0, N, layout=layout)
         inb = pos < hi
         tok = gl.load(IDX + row + pos, mask=inb, other=-1)
-        valid = inb & (tok >= 0)
+        valid = inb & (tok.to(gl.uint32) < num_tokens)          # one unsigned compare: -1 wraps high
         safe = gl.where(valid, tok, 0).to(gl.int64)
         page = safe // PAGE_SIZE
         slot = safe % PAGE_SIZE
@@ -102,7 +108,7 @@ if gluon is not None:
         return data, scl, valid
 
     @gluon.jit
-    def _load_chunk(IDX, KV_U8, KV_BF16, row, start, hi,
+    def _load_chunk(IDX, KV_U8, KV_BF16, row, start, hi, num_tokens,
                     PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr, CHUNK: gl.constexpr, NOPE: gl.constexpr):
         """The raw bytes of CHUNK tokens: fp8 as [CHUNK, 8, 64] (group 7 is never read: rope's
         columns), the 8 scale bytes [CHUNK, 8], and the bf16 rope [CHUNK, 64] in a layout of its
@@ -112,7 +118,8 @@ if gluon is not None:
         LE: gl.constexpr = gl.SliceLayout(2, L3)
         RV: gl.constexpr = CHUNK // 2                       # rope values a thread holds (128 threads)
         LR: gl.constexpr = gl.BlockedLayout([1, RV], [32 * RV // 64, 64 // RV], [4, 1], [1, 0])
-        data, scl, valid = _token_bytes(IDX, row, start, hi, gl.SliceLayout(1, LE), CHUNK, PAGE_SIZE, PAGE_BYTES)
+        data, scl, valid = _token_bytes(IDX, row, start, hi, num_tokens, gl.SliceLayout(1, LE), CHUNK, PAGE_SIZE,
+                                        PAGE_BYTES)
         g = gl.arange(0, 8, layout=gl.SliceLayout(0, LE))
         j = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
         g3 = gl.expand_dims(gl.expand_dims(g, 0), 2)                      # [1, 8, 1]
@@ -122,7 +129,8 @@ if gluon is not None:
         x = gl.load(KV_U8 + data3 + g3 * 64 + j3, mask=valid3 & (g3 < NOPE // 64), other=0)
         e = gl.load(KV_U8 + gl.expand_dims(scl, 1) + gl.expand_dims(g, 0), mask=gl.expand_dims(valid, 1),
                     other=127)
-        rdata, _, rvalid = _token_bytes(IDX, row, start, hi, gl.SliceLayout(1, LR), CHUNK, PAGE_SIZE, PAGE_BYTES)
+        rdata, _, rvalid = _token_bytes(IDX, row, start, hi, num_tokens, gl.SliceLayout(1, LR), CHUNK, PAGE_SIZE,
+                                        PAGE_BYTES)
         jr = gl.arange(0, 64, layout=gl.SliceLayout(0, LR))
         r = gl.load(KV_BF16 + gl.expand_dims((rdata + NOPE) // 2, 1) + gl.expand_dims(jr, 0),
                     mask=gl.expand_dims(rvalid, 1), other=0.0)
@@ -140,17 +148,17 @@ if gluon is not None:
         return gl.reshape(y, [CHUNK, 8 * 64])
 
     @gluon.jit
-    def _prefetch_tile_l2(IDX, KV_U8, row, start, hi, BLOCK_N: gl.constexpr,
+    def _prefetch_tile_l2(IDX, KV_U8, row, start, hi, num_tokens, BLOCK_N: gl.constexpr,
                           PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr):
         """Ask L2 for a tile's bytes without waiting (common.L2_PREFETCH_ASM, one per token), so its
         chunk loads a tile later hit L2 instead of HBM (padding asks for token 0's bytes: harmless)."""
         LP: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-        data, scl, _ = _token_bytes(IDX, row, start, hi, LP, BLOCK_N, PAGE_SIZE, PAGE_BYTES)
+        data, scl, _ = _token_bytes(IDX, row, start, hi, num_tokens, LP, BLOCK_N, PAGE_SIZE, PAGE_BYTES)
         gl.inline_asm_elementwise(_L2_PREFETCH_ASM, "=r,l,l", [KV_U8 + data, KV_U8 + scl],
                                   dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
-    def _producer(IDX, KV_U8, KV_BF16, kv_bufs, ready, empty, row, lo, hi, trace,
+    def _producer(IDX, KV_U8, KV_BF16, kv_bufs, ready, empty, row, lo, hi, num_tokens, trace,
                   PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr, BLOCK_N: gl.constexpr,
                   CHUNK: gl.constexpr, NUM_BUF: gl.constexpr, NOPE: gl.constexpr, TRACED: gl.constexpr):
         """Worker partition: fill the ring, one BLOCK_N tile a step, CHUNK tokens at a time. The
@@ -165,19 +173,19 @@ if gluon is not None:
             phase = (i // NUM_BUF) & 1
             start = lo + i * BLOCK_N
             buf = kv_bufs.index(s)
-            x, e, r = _load_chunk(IDX, KV_U8, KV_BF16, row, start, hi, PAGE_SIZE, PAGE_BYTES, CHUNK, NOPE)
+            x, e, r = _load_chunk(IDX, KV_U8, KV_BF16, row, start, hi, num_tokens, PAGE_SIZE, PAGE_BYTES, CHUNK, NOPE)
             if i == 0:
                 # the first tile's other chunks: no bytes beyond the tile's own, only asked for
                 # sooner (a slice of one tile, B <= 16, has nothing else to overlap them with)
-                _prefetch_tile_l2(IDX, KV_U8, row, start, hi, BLOCK_N, PAGE_SIZE, PAGE_BYTES)
+                _prefetch_tile_l2(IDX, KV_U8, row, start, hi, num_tokens, BLOCK_N, PAGE_SIZE, PAGE_BYTES)
             if i + 1 < n_tiles:
-                _prefetch_tile_l2(IDX, KV_U8, row, start + BLOCK_N, hi, BLOCK_N, PAGE_SIZE, PAGE_BYTES)
+                _prefetch_tile_l2(IDX, KV_U8, row, start + BLOCK_N, hi, num_tokens, BLOCK_N, PAGE_SIZE, PAGE_BYTES)
             # the buffer is free once the consumers' P @ V of the tile NUM_BUF steps back completed
             # (mbarriers start in phase 1 complete, so the first NUM_BUF waits pass at once)
             mbarrier.wait(empty.index(s), phase ^ 1)
             for c in gl.static_range(NCH):
                 if c + 1 < NCH:
-                    xn, en, rn = _load_chunk(IDX, KV_U8, KV_BF16, row, start + (c + 1) * CHUNK, hi,
+                    xn, en, rn = _load_chunk(IDX, KV_U8, KV_BF16, row, start + (c + 1) * CHUNK, hi, num_tokens,
                                              PAGE_SIZE, PAGE_BYTES, CHUNK, NOPE)
                 rows = buf.slice(c * CHUNK, CHUNK, dim=0)
                 rows.store(_dequant_chunk(x, e, CHUNK))
@@ -210,12 +218,13 @@ if gluon is not None:
                 mbarrier.arrive(empty.index(s), count=1)
 
     @gluon.jit
-    def _consumer(Q, q_smem, kv_bufs, ready, empty, IDX, row, lo, hi, qk_scale, SINK, O, LSE, b, hb, sp, H,
-                  stride_qb, stride_qh, stride_ob, stride_oh, stride_os, nsplit, trace,
+    def _consumer(Q, q_smem, kv_bufs, ready, empty, IDX, row, lo, hi, num_tokens, flags, ERR, qk_scale, SINK, O, LSE,
+                  b, hb, sp, H, stride_qb, stride_qh, stride_ob, stride_oh, stride_os, nsplit, trace,
                   HAS_SINK: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr,
                   D: gl.constexpr, TRACED: gl.constexpr):
         """Default partition (2 warp groups): Q into shared memory, wgmma + online softmax over the
-        ring, then the rows' output and lse (final, or this slice's partial)."""
+        ring, then the rows' output and lse (final, or this slice's partial), and the error bits
+        (``flags`` from the row's length, an index past the cache, a non-finite sink) into ERR."""
         # Q [BLOCK_H, 512] -> shared memory once, here rather than before the split into partitions,
         # so the producer's first gather does not wait for it; every tile's Q @ K^T reads it there
         rowmajor: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [gl.num_warps(), 1], [1, 0])
@@ -238,13 +247,15 @@ if gluon is not None:
         acc = gl.zeros([BLOCK_H, D], gl.float32, o_layout)
         s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout)
         t = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        top = gl.full([BLOCK_N], -1, gl.int32, gl.SliceLayout(0, s_layout))    # the largest index read (flagged)
         n_tiles = gl.cdiv(hi - lo, BLOCK_N)
         for i in range(n_tiles):
             s = i % NUM_BUF
             phase = (i // NUM_BUF) & 1
             pos = lo + i * BLOCK_N + t
             tok = gl.load(IDX + row + pos, mask=pos < hi, other=-1)      # issued before the wait
-            valid = gl.expand_dims((pos < hi) & (tok >= 0), 0)
+            valid = gl.expand_dims((pos < hi) & (tok.to(gl.uint32) < num_tokens), 0)
+            top = gl.maximum(top, tok)
             kv = kv_bufs.index(s)
             mbarrier.wait(ready.index(s), phase)
             if i == 0:
@@ -281,6 +292,7 @@ if gluon is not None:
             new_lse = gl.where(has, new_lse, sink)
             inv = inv * gl.exp(lse - new_lse)
             lse = new_lse
+            flags |= gl.where(gl.min((gl.abs(sink) < float("inf")).to(gl.int32), axis=0) == 1, 0, _SINK_FLAG)
         # out through shared memory (Q's buffer: the last Q K^T has completed), so each thread
         # stores 16 bytes of a row instead of the MMA layout's scattered 4-byte pieces
         q_smem.store((acc * gl.expand_dims(inv, 1)).to(gl.bfloat16))
@@ -289,11 +301,13 @@ if gluon is not None:
                  + gl.expand_dims(col_ld, 0))
         gl.store(o_ptr, out.to(O.dtype.element_ty), mask=gl.expand_dims(heads_ld < H, 1))
         gl.store(LSE + (b * H + heads) * nsplit + sp, lse, mask=hmask)
+        flags |= gl.where(gl.max(top, axis=0) >= num_tokens, _INDEX_FLAG, 0)
+        gl.atomic_or(ERR, flags, mask=flags != 0)
         _clock(trace, 8, TRACED)
 
     @gluon.jit
-    def _hopper_decode_kernel(Q, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
-                              TRACE, qk_scale, K, H, split_len,
+    def _hopper_decode_kernel(Q, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE, ERR,
+                              TRACE, qk_scale, K, H, split_len, num_tokens,
                               stride_qb, stride_qh, stride_ib, stride_ob, stride_oh, stride_os,
                               PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr,
                               HAS_TOPK_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
@@ -314,9 +328,13 @@ if gluon is not None:
         hb = gl.program_id(1)
         sp = gl.program_id(2)
         nsplit = gl.num_programs(2)
+        # the row's length: topk_len[b] clamped to [0, K], flagged when it lay outside
         n_valid = K
+        flags = gl.to_tensor(0)
         if HAS_TOPK_LEN:
-            n_valid = gl.minimum(gl.load(TOPK_LEN + b), K)
+            raw = gl.load(TOPK_LEN + b)
+            n_valid = gl.minimum(gl.maximum(raw, 0), K)
+            flags = gl.where(raw.to(gl.uint32) > K, _TOPK_LEN_FLAG, 0)
         lo = sp * split_len
         hi = gl.minimum(lo + split_len, n_valid)
         row = b * stride_ib
@@ -335,22 +353,24 @@ if gluon is not None:
         if ABLATE == 1:         # consumers that only pass the buffers back: the producer alone
             gl.warp_specialize([
                 (_idle, (kv_bufs, ready, empty, lo, hi, BLOCK_N, NUM_BUF, False)),
-                (_producer, (IDX, KV_U8, KV_BF16, kv_bufs, ready, empty, row, lo, hi, trace,
+                (_producer, (IDX, KV_U8, KV_BF16, kv_bufs, ready, empty, row, lo, hi, num_tokens, trace,
                              PAGE_SIZE, PAGE_BYTES, BLOCK_N, CHUNK, NUM_BUF, NOPE, TRACED)),
             ], [PRODUCER_WARPS], [PRODUCER_REGS])
         elif ABLATE == 2:       # a producer that only publishes the buffers: the consumers alone
             gl.warp_specialize([
-                (_consumer, (Q, q_smem, kv_bufs, ready, empty, IDX, row, lo, hi, qk_scale, SINK, O, LSE, b, hb, sp, H,
+                (_consumer, (Q, q_smem, kv_bufs, ready, empty, IDX, row, lo, hi, num_tokens, flags, ERR, qk_scale, SINK, O,
+                             LSE, b, hb, sp, H,
                              stride_qb, stride_qh, stride_ob, stride_oh, stride_os, nsplit, trace, HAS_SINK, BLOCK_H, BLOCK_N, NUM_BUF, D,
                              TRACED)),
                 (_idle, (kv_bufs, ready, empty, lo, hi, BLOCK_N, NUM_BUF, True)),
             ], [PRODUCER_WARPS], [PRODUCER_REGS])
         else:
             gl.warp_specialize([
-                (_consumer, (Q, q_smem, kv_bufs, ready, empty, IDX, row, lo, hi, qk_scale, SINK, O, LSE, b, hb, sp, H,
+                (_consumer, (Q, q_smem, kv_bufs, ready, empty, IDX, row, lo, hi, num_tokens, flags, ERR, qk_scale, SINK, O,
+                             LSE, b, hb, sp, H,
                              stride_qb, stride_qh, stride_ob, stride_oh, stride_os, nsplit, trace, HAS_SINK, BLOCK_H, BLOCK_N, NUM_BUF, D,
                              TRACED)),
-                (_producer, (IDX, KV_U8, KV_BF16, kv_bufs, ready, empty, row, lo, hi, trace,
+                (_producer, (IDX, KV_U8, KV_BF16, kv_bufs, ready, empty, row, lo, hi, num_tokens, trace,
                              PAGE_SIZE, PAGE_BYTES, BLOCK_N, CHUNK, NUM_BUF, NOPE, TRACED)),
             ], [PRODUCER_WARPS], [PRODUCER_REGS])
 
@@ -385,7 +405,8 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, nsplit: i
         q, u8, bf16, indices,
         topk_len if topk_len is not None else lse,
         attn_sink if attn_sink is not None else lse,
-        out, lse, trace if trace is not None else lse, sm_scale * LOG2E, K, H, split_len,
+        out, lse, errors.word(q.device), trace if trace is not None else lse, sm_scale * LOG2E, K, H, split_len,
+        token_limit(cache),
         q.stride(0), q.stride(1), indices.stride(0), out.stride(0), out.stride(1),
         out.stride(2) if nsplit > 1 else 0,
         PAGE_SIZE=cache.page_size, PAGE_BYTES=cache.page_bytes,
@@ -397,8 +418,7 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, nsplit: i
 
 
 @register("sparse_decode", "hopper", stage="beyond",
-          description="Gluon, sm_90: producer warp group (gather + dequant) and two wgmma consumer warp groups; "
-                      "(its inputs pass the device-side guard first: it does not bound-check indices itself)",
+          description="Gluon, sm_90: producer warp group (gather + dequant) and two wgmma consumer warp groups",
           needs=("gpu", "sm_90"), max_scale_byte=lambda B, H, K: MAX_SCALE_BYTE)
 def sparse_decode_hopper(q, cache, indices, *, topk_len, sm_scale, attn_sink, nsplit: int | None = None):
     """``nsplit``: slices of the top-k row (default nsplit_for's rule), for A/B runs."""
@@ -410,9 +430,6 @@ def sparse_decode_hopper(q, cache, indices, *, topk_len, sm_scale, attn_sink, ns
                          f"Use impl='auto' instead")
     B, H, D = q.shape
     q = q.contiguous()
-    # the kernel trusts its indices and topk_len: the guard launch sets an index past the cache to
-    # padding and clamps topk_len (flagging both in the error word), as the other kernels do inline
-    indices, topk_len = guards.sanitize_decode(indices, topk_len, attn_sink, token_limit(cache))
     nsplit = nsplit or nsplit_for(B, H, indices.shape[1], info().sm_count)
     out = alloc((B, H, D), torch.bfloat16, q.device)
     lse = alloc((B, H), torch.float32, q.device)

@@ -7,9 +7,8 @@ the output; plus the SM id). One JSON.
     python experiments/hopper_decode/clocks.py OUT.json [--batches 1 32 128]
 
 For each B (H = 64, K = 512, context 8192, page 64, the rule's NSPLIT), CUDA-graph replay medians
-(L2 flushed before each replay, as every timing of the lab) of: the whole impl call (guard launch,
-split launch, combine launch), the guard launch alone, the split launch alone on sanitized inputs,
-the combine alone, ``auto``'s whole call as the baseline, and two ablations of the split launch
+(L2 flushed before each replay, as every timing of the lab) of: the whole impl call (split launch,
+combine launch), the split launch alone, the combine alone, ``auto``'s whole call as the baseline, and two ablations of the split launch
 (hopper's ABLATE constexpr: the producer alone, its consumers only handing the buffers back; the
 consumers alone, fed buffers that were never filled); then 20 traced replays of the split
 launch alone: per phase the median over programs (median over replays) and the slowest program,
@@ -25,8 +24,8 @@ import torch
 
 from dsv4lab import ab, api
 from dsv4lab.device import info
-from dsv4lab.kernels import guards, hopper, split_k
-from dsv4lab.kernels.common import alloc, token_limit
+from dsv4lab.kernels import hopper, split_k
+from dsv4lab.kernels.common import alloc
 from dsv4lab.testing import make_decode_inputs
 
 QUESTION = "hopper_decode"
@@ -71,7 +70,7 @@ def case(B: int, smoke: bool) -> dict:
     ns = hopper.nsplit_for(B, H, K, sms)
     pdl = hopper.pdl_for(B, H, ns, sms)
     q = inp.q.contiguous()
-    idx, tlen = guards.sanitize_decode(inp.indices, inp.topk_len, inp.attn_sink, token_limit(inp.cache))
+    idx, tlen = inp.indices, inp.topk_len
     out = alloc((B, H, 512), torch.bfloat16, q.device)
     lse = alloc((B, H), torch.float32, q.device)
     if ns > 1:
@@ -87,8 +86,6 @@ def case(B: int, smoke: bool) -> dict:
                                                             sm_scale=ab.SCALE, **inp.kwargs()), smoke)
     row["auto_us"] = ab.time_us(lambda: api.sparse_decode(inp.q, inp.cache, inp.indices, impl="auto",
                                                           sm_scale=ab.SCALE, **inp.kwargs()), smoke)
-    row["guard_us"] = ab.time_us(lambda: guards.sanitize_decode(inp.indices, inp.topk_len, inp.attn_sink,
-                                                                token_limit(inp.cache)), smoke)
     row["split_launch_us"] = ab.time_us(split, smoke)
     # ablations (hopper's ABLATE constexpr): one partition does its work, the other only hands the
     # ring's buffers back, so each side's time alone shows how much of it the pair overlaps
