@@ -283,8 +283,7 @@ if gluon is not None:
         m_o = gl.convert_layout(m_i, rows_o)
         has = l_o > 0.0
         lse = gl.where(has, (m_o + gl.log2(gl.where(has, l_o, 1.0))) / 1.4426950408889634, float("-inf"))
-        # one factor a row, multiplied in: dividing each of a thread's 128 values is an fp32
-        # division subroutine apiece
+        # one factor a row (1 / l, and the sink's rescale), multiplied into the row's values
         inv = 1.0 / gl.where(has, l_o, 1.0)
         if HAS_SINK:
             sink = gl.load(SINK + heads, mask=hmask, other=0.0).to(gl.float32)
@@ -350,6 +349,8 @@ if gluon is not None:
             mbarrier.init(empty.index(i), count=1)
         fence_async_shared()
 
+        # (each branch writes the partitions' arguments out: held in tuples, they did not compile
+        # with triton 3.6's Gluon)
         if ABLATE == 1:         # consumers that only pass the buffers back: the producer alone
             gl.warp_specialize([
                 (_idle, (kv_bufs, ready, empty, lo, hi, BLOCK_N, NUM_BUF, False)),
@@ -358,18 +359,16 @@ if gluon is not None:
             ], [PRODUCER_WARPS], [PRODUCER_REGS])
         elif ABLATE == 2:       # a producer that only publishes the buffers: the consumers alone
             gl.warp_specialize([
-                (_consumer, (Q, q_smem, kv_bufs, ready, empty, IDX, row, lo, hi, num_tokens, flags, ERR, qk_scale, SINK, O,
-                             LSE, b, hb, sp, H,
-                             stride_qb, stride_qh, stride_ob, stride_oh, stride_os, nsplit, trace, HAS_SINK, BLOCK_H, BLOCK_N, NUM_BUF, D,
-                             TRACED)),
+                (_consumer, (Q, q_smem, kv_bufs, ready, empty, IDX, row, lo, hi, num_tokens, flags, ERR, qk_scale, SINK,
+                             O, LSE, b, hb, sp, H, stride_qb, stride_qh, stride_ob, stride_oh, stride_os, nsplit,
+                             trace, HAS_SINK, BLOCK_H, BLOCK_N, NUM_BUF, D, TRACED)),
                 (_idle, (kv_bufs, ready, empty, lo, hi, BLOCK_N, NUM_BUF, True)),
             ], [PRODUCER_WARPS], [PRODUCER_REGS])
         else:
             gl.warp_specialize([
-                (_consumer, (Q, q_smem, kv_bufs, ready, empty, IDX, row, lo, hi, num_tokens, flags, ERR, qk_scale, SINK, O,
-                             LSE, b, hb, sp, H,
-                             stride_qb, stride_qh, stride_ob, stride_oh, stride_os, nsplit, trace, HAS_SINK, BLOCK_H, BLOCK_N, NUM_BUF, D,
-                             TRACED)),
+                (_consumer, (Q, q_smem, kv_bufs, ready, empty, IDX, row, lo, hi, num_tokens, flags, ERR, qk_scale, SINK,
+                             O, LSE, b, hb, sp, H, stride_qb, stride_qh, stride_ob, stride_oh, stride_os, nsplit,
+                             trace, HAS_SINK, BLOCK_H, BLOCK_N, NUM_BUF, D, TRACED)),
                 (_producer, (IDX, KV_U8, KV_BF16, kv_bufs, ready, empty, row, lo, hi, num_tokens, trace,
                              PAGE_SIZE, PAGE_BYTES, BLOCK_N, CHUNK, NUM_BUF, NOPE, TRACED)),
             ], [PRODUCER_WARPS], [PRODUCER_REGS])
@@ -484,9 +483,9 @@ def probe(timeout_s: float = 90.0) -> dict:
     import subprocess
     import sys
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    code = f"import sys; sys.path.insert(0, {root!r})\n" + _PROBE          # this checkout's dsv4lab first
     try:
-        r = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=timeout_s, env=env)
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return {"ok": False, "error": f"no answer in {timeout_s:.0f} s (a hang?)"}
     if r.returncode != 0:
