@@ -44,12 +44,11 @@ try:                                    # Gluon exists on triton >= 3.4; the lab
     import triton.language as tl
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.ampere import async_copy
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                                   warpgroup_mma_wait)
     GLUON_ERROR = None
 except Exception as e:  # noqa: BLE001  (any failure to import means: no Gluon here)
-    gluon = gl = async_copy = None
+    gluon = gl = None
     GLUON_ERROR = f"{type(e).__name__}: {e}"
 
 #: tile and pipeline choices of the launch (see the README's budget): 64 heads a program (one
@@ -57,11 +56,10 @@ except Exception as e:  # noqa: BLE001  (any failure to import means: no Gluon h
 BLOCK_H = 64
 BLOCK_N = 64
 NUM_BUF = 2
-CHUNK = 16                  # tokens the producer gathers and dequantizes at a time
-NUM_STAGE = 3               # staging slots of raw chunks: two chunks' copies in flight while one is dequantized
+CHUNK = 16                  # tokens the producer gathers and dequantizes at a time (16: no spills at 96 registers)
 NUM_WARPS = 8               # the consumers (default partition): two warp groups
 PRODUCER_WARPS = 4
-PRODUCER_REGS = 104         # setmaxnreg for the producer warp group (96 spills the staging loop's addresses)
+PRODUCER_REGS = 96          # setmaxnreg for the producer warp group
 MAXNREG = 168               # 12 warps x 32 x 168 <= 65536: the consumers get what the producer gives up
 
 
@@ -94,10 +92,14 @@ if gluon is not None:
             gl.store(trace + slot, t)
 
     @gluon.jit
-    def _token_offsets(tok, num_tokens, PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr):
-        """Byte offsets of tokens' data and scale bytes in the cache, and which are valid (a token
-        of the cache: padding (-1), or an index past the cache, is never read)."""
-        valid = tok.to(gl.uint32) < num_tokens                  # one unsigned compare: -1 wraps high
+    def _token_bytes(IDX, row, start, hi, num_tokens, layout: gl.constexpr, N: gl.constexpr,
+                     PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr):
+        """Byte offsets of N tokens' data and scale bytes in the cache, and which are valid (inside
+        the slice and a token of the cache: padding, or an index past the cache, is never read)."""
+        pos = start + gl.arange(0, N, layout=layout)
+        inb = pos < hi
+        tok = gl.load(IDX + row + pos, mask=inb, other=-1)
+        valid = inb & (tok.to(gl.uint32) < num_tokens)          # one unsigned compare: -1 wraps high
         safe = gl.where(valid, tok, 0).to(gl.int64)
         page = safe // PAGE_SIZE
         slot = safe % PAGE_SIZE
@@ -106,67 +108,33 @@ if gluon is not None:
         return data, scl, valid
 
     @gluon.jit
-    def _tokens(IDX, row, start, hi, layout: gl.constexpr, N: gl.constexpr):
-        """The top-k row's indices start .. start + N - 1 (-1 past the slice's end ``hi``)."""
-        pos = start + gl.arange(0, N, layout=layout)
-        return gl.load(IDX + row + pos, mask=pos < hi, other=-1)
-
-    @gluon.jit
-    def _token_bytes(IDX, row, start, hi, num_tokens, layout: gl.constexpr, N: gl.constexpr,
-                     PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr):
-        """_token_offsets of the indices start .. start + N - 1 of the slice."""
-        return _token_offsets(_tokens(IDX, row, start, hi, layout, N), num_tokens, PAGE_SIZE, PAGE_BYTES)
-
-    @gluon.jit
-    def _chunk_tokens(IDX, row, start, hi, CHUNK: gl.constexpr):
-        """A chunk's indices, in the three layouts its copies take (loaded a chunk ahead of them, so
-        that the copies never wait for an index load)."""
+    def _load_chunk(IDX, KV_U8, KV_BF16, row, start, hi, num_tokens,
+                    PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr, CHUNK: gl.constexpr, NOPE: gl.constexpr):
+        """The raw bytes of CHUNK tokens: fp8 as [CHUNK, 8, 64] (group 7 is never read: rope's
+        columns), the 8 scale bytes [CHUNK, 8], and the bf16 rope [CHUNK, 64] in a layout of its
+        own (in the fp8 layout every thread would hold rope registers for one group in eight).
+        16-byte loads of fp8; invalid tokens read nothing."""
         L3: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 8, 4], [4, 1, 1], [2, 1, 0])
-        LE: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [4, 1], [1, 0])
-        RV: gl.constexpr = CHUNK // 2
+        LE: gl.constexpr = gl.SliceLayout(2, L3)
+        RV: gl.constexpr = CHUNK // 2                       # rope values a thread holds (128 threads)
         LR: gl.constexpr = gl.BlockedLayout([1, RV], [32 * RV // 64, 64 // RV], [4, 1], [1, 0])
-        return (_tokens(IDX, row, start, hi, gl.SliceLayout(1, gl.SliceLayout(2, L3)), CHUNK),
-                _tokens(IDX, row, start, hi, gl.SliceLayout(1, LE), CHUNK),
-                _tokens(IDX, row, start, hi, gl.SliceLayout(1, LR), CHUNK))
-
-    @gluon.jit
-    def _issue_chunk(KV_U8, KV_BF16, stage_x, stage_e, stage_r, tx, te, tr, num_tokens,
-                     PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr, CHUNK: gl.constexpr, NOPE: gl.constexpr):
-        """Asynchronous copies (cp.async, no registers held) of CHUNK tokens' raw bytes into one
-        staging slot, as one commit group: fp8 as [CHUNK, 8, 64] (group 7 is never copied: rope's
-        columns), the 8 scale bytes [CHUNK, 8], the bf16 rope [CHUNK, 64]. ``tx``, ``te``, ``tr``:
-        the chunk's indices (_chunk_tokens). An invalid token copies nothing (its bytes in the
-        slot are zero-filled)."""
-        L3: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 8, 4], [4, 1, 1], [2, 1, 0])
-        LE: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [4, 1], [1, 0])
-        RV: gl.constexpr = CHUNK // 2                       # rope values a thread copies (128 threads)
-        LR: gl.constexpr = gl.BlockedLayout([1, RV], [32 * RV // 64, 64 // RV], [4, 1], [1, 0])
-        data, _, valid = _token_offsets(tx, num_tokens, PAGE_SIZE, PAGE_BYTES)
-        g = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
+        data, scl, valid = _token_bytes(IDX, row, start, hi, num_tokens, gl.SliceLayout(1, LE), CHUNK, PAGE_SIZE,
+                                        PAGE_BYTES)
+        g = gl.arange(0, 8, layout=gl.SliceLayout(0, LE))
         j = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
         g3 = gl.expand_dims(gl.expand_dims(g, 0), 2)                      # [1, 8, 1]
         j3 = gl.expand_dims(gl.expand_dims(j, 0), 1)                      # [1, 1, 64]
         data3 = gl.expand_dims(gl.expand_dims(data, 1), 2)                # [CHUNK, 1, 1]
         valid3 = gl.expand_dims(gl.expand_dims(valid, 1), 2)
-        async_copy.async_copy_global_to_shared(stage_x, KV_U8 + data3 + g3 * 64 + j3,
-                                               mask=valid3 & (g3 < NOPE // 64))
-        _, scl, svalid = _token_offsets(te, num_tokens, PAGE_SIZE, PAGE_BYTES)
-        ge = gl.arange(0, 8, layout=gl.SliceLayout(0, LE))
-        async_copy.async_copy_global_to_shared(stage_e, KV_U8 + gl.expand_dims(scl, 1) + gl.expand_dims(ge, 0),
-                                               mask=gl.expand_dims(svalid, 1))
-        rdata, _, rvalid = _token_offsets(tr, num_tokens, PAGE_SIZE, PAGE_BYTES)
+        x = gl.load(KV_U8 + data3 + g3 * 64 + j3, mask=valid3 & (g3 < NOPE // 64), other=0)
+        e = gl.load(KV_U8 + gl.expand_dims(scl, 1) + gl.expand_dims(g, 0), mask=gl.expand_dims(valid, 1),
+                    other=127)
+        rdata, _, rvalid = _token_bytes(IDX, row, start, hi, num_tokens, gl.SliceLayout(1, LR), CHUNK, PAGE_SIZE,
+                                        PAGE_BYTES)
         jr = gl.arange(0, 64, layout=gl.SliceLayout(0, LR))
-        async_copy.async_copy_global_to_shared(stage_r, KV_BF16 + gl.expand_dims((rdata + NOPE) // 2, 1)
-                                               + gl.expand_dims(jr, 0), mask=gl.expand_dims(rvalid, 1))
-        async_copy.commit_group()
-
-    @gluon.jit
-    def _read_chunk(stage_x, stage_e, stage_r, CHUNK: gl.constexpr):
-        """A staging slot's bytes into registers, in the layouts _dequant_chunk and the rope store take."""
-        L3: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 8, 4], [4, 1, 1], [2, 1, 0])
-        RV: gl.constexpr = CHUNK // 2
-        LR: gl.constexpr = gl.BlockedLayout([1, RV], [32 * RV // 64, 64 // RV], [4, 1], [1, 0])
-        return stage_x.load(L3), stage_e.load(gl.SliceLayout(2, L3)), stage_r.load(LR)
+        r = gl.load(KV_BF16 + gl.expand_dims((rdata + NOPE) // 2, 1) + gl.expand_dims(jr, 0),
+                    mask=gl.expand_dims(rvalid, 1), other=0.0)
+        return x, e, r
 
     @gluon.jit
     def _dequant_chunk(x, e, CHUNK: gl.constexpr):
@@ -183,53 +151,42 @@ if gluon is not None:
     def _prefetch_tile_l2(IDX, KV_U8, row, start, hi, num_tokens, BLOCK_N: gl.constexpr,
                           PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr):
         """Ask L2 for a tile's bytes without waiting (common.L2_PREFETCH_ASM, one per token), so its
-        chunk copies a tile later hit L2 instead of HBM (padding asks for token 0's bytes: harmless)."""
+        chunk loads a tile later hit L2 instead of HBM (padding asks for token 0's bytes: harmless)."""
         LP: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         data, scl, _ = _token_bytes(IDX, row, start, hi, num_tokens, LP, BLOCK_N, PAGE_SIZE, PAGE_BYTES)
         gl.inline_asm_elementwise(_L2_PREFETCH_ASM, "=r,l,l", [KV_U8 + data, KV_U8 + scl],
                                   dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
-    def _producer(IDX, KV_U8, KV_BF16, kv_bufs, stage_x, stage_e, stage_r, ready, empty, row, lo, hi, num_tokens,
-                  trace, PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr, BLOCK_N: gl.constexpr,
-                  CHUNK: gl.constexpr, NUM_BUF: gl.constexpr, NUM_STAGE: gl.constexpr, NOPE: gl.constexpr,
-                  TRACED: gl.constexpr):
+    def _producer(IDX, KV_U8, KV_BF16, kv_bufs, ready, empty, row, lo, hi, num_tokens, trace,
+                  PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr, BLOCK_N: gl.constexpr,
+                  CHUNK: gl.constexpr, NUM_BUF: gl.constexpr, NOPE: gl.constexpr, TRACED: gl.constexpr):
         """Worker partition: fill the ring, one BLOCK_N tile a step, CHUNK tokens at a time. The
-        raw bytes travel by cp.async into a staging ring of NUM_STAGE chunk slots, issued
-        NUM_STAGE - 1 chunks ahead across tile boundaries, so that many chunks' loads are in flight
-        while this one is dequantized from shared memory into the tile (registers hold one chunk's
-        values, never its loads in flight). The next tile's bytes are asked into L2 at each tile's start."""
+        next chunk's loads are issued before this chunk's dequant and stores, and the next tile's
+        bytes are asked into L2 once this tile's first loads are out (only one chunk is in flight
+        in registers, so each chunk's load latency is paid: an L2 hit's, not HBM's); the first
+        tile's own bytes likewise, after its first chunk's loads."""
         NCH: gl.constexpr = BLOCK_N // CHUNK
         n_tiles = gl.cdiv(hi - lo, BLOCK_N)
-        # the first tile's bytes into L2, then its first NUM_STAGE - 1 chunks' copies
-        _prefetch_tile_l2(IDX, KV_U8, row, lo, hi, num_tokens, BLOCK_N, PAGE_SIZE, PAGE_BYTES)
-        for c in gl.static_range(NUM_STAGE - 1):
-            tx, te, tr = _chunk_tokens(IDX, row, lo + c * CHUNK, hi, CHUNK)
-            _issue_chunk(KV_U8, KV_BF16, stage_x.index(c), stage_e.index(c), stage_r.index(c), tx, te, tr,
-                         num_tokens, PAGE_SIZE, PAGE_BYTES, CHUNK, NOPE)
-        tx, te, tr = _chunk_tokens(IDX, row, lo + (NUM_STAGE - 1) * CHUNK, hi, CHUNK)
         for i in range(n_tiles):
             s = i % NUM_BUF
             phase = (i // NUM_BUF) & 1
             start = lo + i * BLOCK_N
             buf = kv_bufs.index(s)
+            x, e, r = _load_chunk(IDX, KV_U8, KV_BF16, row, start, hi, num_tokens, PAGE_SIZE, PAGE_BYTES, CHUNK, NOPE)
+            if i == 0:
+                # the first tile's other chunks: no bytes beyond the tile's own, only asked for
+                # sooner (a slice of one tile, B <= 16, has nothing else to overlap them with)
+                _prefetch_tile_l2(IDX, KV_U8, row, start, hi, num_tokens, BLOCK_N, PAGE_SIZE, PAGE_BYTES)
             if i + 1 < n_tiles:
                 _prefetch_tile_l2(IDX, KV_U8, row, start + BLOCK_N, hi, num_tokens, BLOCK_N, PAGE_SIZE, PAGE_BYTES)
             # the buffer is free once the consumers' P @ V of the tile NUM_BUF steps back completed
             # (mbarriers start in phase 1 complete, so the first NUM_BUF waits pass at once)
             mbarrier.wait(empty.index(s), phase ^ 1)
             for c in gl.static_range(NCH):
-                chunk = i * NCH + c
-                # this chunk's copies (every thread's) have landed, and every thread is done
-                # reading the slot the copies issued next overwrite (the previous chunk's)
-                async_copy.wait_group(NUM_STAGE - 2)
-                gl.thread_barrier()
-                ahead = (chunk + NUM_STAGE - 1) % NUM_STAGE
-                _issue_chunk(KV_U8, KV_BF16, stage_x.index(ahead), stage_e.index(ahead), stage_r.index(ahead),
-                             tx, te, tr, num_tokens, PAGE_SIZE, PAGE_BYTES, CHUNK, NOPE)
-                tx, te, tr = _chunk_tokens(IDX, row, start + (c + NUM_STAGE) * CHUNK, hi, CHUNK)
-                here = chunk % NUM_STAGE
-                x, e, r = _read_chunk(stage_x.index(here), stage_e.index(here), stage_r.index(here), CHUNK)
+                if c + 1 < NCH:
+                    xn, en, rn = _load_chunk(IDX, KV_U8, KV_BF16, row, start + (c + 1) * CHUNK, hi, num_tokens,
+                                             PAGE_SIZE, PAGE_BYTES, CHUNK, NOPE)
                 rows = buf.slice(c * CHUNK, CHUNK, dim=0)
                 rows.store(_dequant_chunk(x, e, CHUNK))
                 # the rope overwrites columns 448..511 of the same rows (the compiler orders the two
@@ -237,12 +194,13 @@ if gluon is not None:
                 rows.slice(NOPE, 64, dim=1).store(r)
                 if i == 0 and c == 0:
                     _clock(trace, 2, TRACED)
+                if c + 1 < NCH:
+                    x, e, r = xn, en, rn
             # generic-proxy stores -> async-proxy reads (wgmma): fence, then publish the tile
             fence_async_shared()
             mbarrier.arrive(ready.index(s), count=1)
             if i == 0:
                 _clock(trace, 3, TRACED)
-        async_copy.wait_group(0)                  # the copies issued past the end (masked) as well
         _clock(trace, 4, TRACED)
 
     @gluon.jit
@@ -353,8 +311,7 @@ if gluon is not None:
                               PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr,
                               HAS_TOPK_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
                               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr,
-                              CHUNK: gl.constexpr, NUM_STAGE: gl.constexpr,
-                              PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                              CHUNK: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                               D: gl.constexpr, NOPE: gl.constexpr, num_warps: gl.constexpr,
                               LAUNCH_DEPENDENTS: gl.constexpr = False, TRACED: gl.constexpr = False,
                               ABLATE: gl.constexpr = 0):
@@ -385,12 +342,6 @@ if gluon is not None:
         kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], gl.bfloat16)
         q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D], q_layout)
         kv_bufs = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, D], kv_layout)
-        # the producer's staging ring of raw chunks (cp.async lands there): ~10 KB a slot
-        flat2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-        flat3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
-        stage_x = gl.allocate_shared_memory(gl.uint8, [NUM_STAGE, CHUNK, 8, 64], flat3)
-        stage_e = gl.allocate_shared_memory(gl.uint8, [NUM_STAGE, CHUNK, 8], flat2)
-        stage_r = gl.allocate_shared_memory(gl.bfloat16, [NUM_STAGE, CHUNK, 64], flat2)
         ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(NUM_BUF):
@@ -403,9 +354,8 @@ if gluon is not None:
         if ABLATE == 1:         # consumers that only pass the buffers back: the producer alone
             gl.warp_specialize([
                 (_idle, (kv_bufs, ready, empty, lo, hi, BLOCK_N, NUM_BUF, False)),
-                (_producer, (IDX, KV_U8, KV_BF16, kv_bufs, stage_x, stage_e, stage_r, ready, empty, row, lo, hi,
-                             num_tokens, trace, PAGE_SIZE, PAGE_BYTES, BLOCK_N, CHUNK, NUM_BUF, NUM_STAGE, NOPE,
-                             TRACED)),
+                (_producer, (IDX, KV_U8, KV_BF16, kv_bufs, ready, empty, row, lo, hi, num_tokens, trace,
+                             PAGE_SIZE, PAGE_BYTES, BLOCK_N, CHUNK, NUM_BUF, NOPE, TRACED)),
             ], [PRODUCER_WARPS], [PRODUCER_REGS])
         elif ABLATE == 2:       # a producer that only publishes the buffers: the consumers alone
             gl.warp_specialize([
@@ -419,9 +369,8 @@ if gluon is not None:
                 (_consumer, (Q, q_smem, kv_bufs, ready, empty, IDX, row, lo, hi, num_tokens, flags, ERR, qk_scale, SINK,
                              O, LSE, b, hb, sp, H, stride_qb, stride_qh, stride_ob, stride_oh, stride_os, nsplit,
                              trace, HAS_SINK, BLOCK_H, BLOCK_N, NUM_BUF, D, TRACED)),
-                (_producer, (IDX, KV_U8, KV_BF16, kv_bufs, stage_x, stage_e, stage_r, ready, empty, row, lo, hi,
-                             num_tokens, trace, PAGE_SIZE, PAGE_BYTES, BLOCK_N, CHUNK, NUM_BUF, NUM_STAGE, NOPE,
-                             TRACED)),
+                (_producer, (IDX, KV_U8, KV_BF16, kv_bufs, ready, empty, row, lo, hi, num_tokens, trace,
+                             PAGE_SIZE, PAGE_BYTES, BLOCK_N, CHUNK, NUM_BUF, NOPE, TRACED)),
             ], [PRODUCER_WARPS], [PRODUCER_REGS])
 
 
@@ -461,7 +410,7 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, nsplit: i
         out.stride(2) if nsplit > 1 else 0,
         PAGE_SIZE=cache.page_size, PAGE_BYTES=cache.page_bytes,
         HAS_TOPK_LEN=topk_len is not None, HAS_SINK=attn_sink is not None,
-        BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, NUM_BUF=NUM_BUF, CHUNK=CHUNK, NUM_STAGE=NUM_STAGE,
+        BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, NUM_BUF=NUM_BUF, CHUNK=CHUNK,
         PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS, D=D, NOPE=448,
         num_warps=NUM_WARPS, maxnreg=MAXNREG, LAUNCH_DEPENDENTS=pdl, TRACED=trace is not None,
         ABLATE=ablate)
@@ -505,7 +454,6 @@ def compile_report(*, split: bool = False, page_size: int = 64, has_topk_len: bo
         raise ValueError(f"triton.experimental.gluon could not be imported ({GLUON_ERROR})")
     c = dict(PAGE_SIZE=page_size, PAGE_BYTES=page_bytes(page_size), HAS_TOPK_LEN=has_topk_len,
              HAS_SINK=has_sink and not split, BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, NUM_BUF=NUM_BUF, CHUNK=CHUNK,
-             NUM_STAGE=NUM_STAGE,
              PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS, D=512, NOPE=448, num_warps=NUM_WARPS)
     k = cr.compile_kernel(_hopper_decode_kernel, c, num_warps=NUM_WARPS, num_stages=1, arch=arch, maxnreg=MAXNREG)
     return {"kernel": "hopper", "split": split, "block_h": BLOCK_H, "block_n": BLOCK_N, "num_buf": NUM_BUF,
