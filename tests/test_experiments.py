@@ -24,6 +24,8 @@ RUNNABLE = {
     "fp8_dequant_by_integer_ops/dequant.py": [],
     "hopper_decode/run.py": [],
     "hopper_decode/clocks.py": [],
+    "hopper_decode/gather_roofline.py": [],
+    "hopper_decode/stalls.py": [],
     "indexer_page_loop/indexer_sweep.py": [],
     "indexer_topk/run.py": [],
     "indexer_selection_quality/quality.py": [],

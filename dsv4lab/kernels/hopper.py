@@ -109,17 +109,20 @@ if gluon is not None:
 
     @gluon.jit
     def _load_chunk(IDX, KV_U8, KV_BF16, row, start, hi, num_tokens,
-                    PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr, CHUNK: gl.constexpr, NOPE: gl.constexpr):
+                    PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr, CHUNK: gl.constexpr, NOPE: gl.constexpr,
+                    GATHER: gl.constexpr = True):
         """The raw bytes of CHUNK tokens: fp8 as [CHUNK, 8, 64] (group 7 is never read: rope's
         columns), the 8 scale bytes [CHUNK, 8], and the bf16 rope [CHUNK, 64] in a layout of its
         own (in the fp8 layout every thread would hold rope registers for one group in eight).
-        16-byte loads of fp8; invalid tokens read nothing."""
+        16-byte loads of fp8; invalid tokens read nothing, and nothing is read without GATHER (an
+        ablation: the indices alone)."""
         L3: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 8, 4], [4, 1, 1], [2, 1, 0])
         LE: gl.constexpr = gl.SliceLayout(2, L3)
         RV: gl.constexpr = CHUNK // 2                       # rope values a thread holds (128 threads)
         LR: gl.constexpr = gl.BlockedLayout([1, RV], [32 * RV // 64, 64 // RV], [4, 1], [1, 0])
         data, scl, valid = _token_bytes(IDX, row, start, hi, num_tokens, gl.SliceLayout(1, LE), CHUNK, PAGE_SIZE,
                                         PAGE_BYTES)
+        valid = valid & GATHER
         g = gl.arange(0, 8, layout=gl.SliceLayout(0, LE))
         j = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
         g3 = gl.expand_dims(gl.expand_dims(g, 0), 2)                      # [1, 8, 1]
@@ -131,6 +134,7 @@ if gluon is not None:
                     other=127)
         rdata, _, rvalid = _token_bytes(IDX, row, start, hi, num_tokens, gl.SliceLayout(1, LR), CHUNK, PAGE_SIZE,
                                         PAGE_BYTES)
+        rvalid = rvalid & GATHER
         jr = gl.arange(0, 64, layout=gl.SliceLayout(0, LR))
         r = gl.load(KV_BF16 + gl.expand_dims((rdata + NOPE) // 2, 1) + gl.expand_dims(jr, 0),
                     mask=gl.expand_dims(rvalid, 1), other=0.0)
@@ -160,12 +164,17 @@ if gluon is not None:
     @gluon.jit
     def _producer(IDX, KV_U8, KV_BF16, kv_bufs, ready, empty, row, lo, hi, num_tokens, trace,
                   PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr, BLOCK_N: gl.constexpr,
-                  CHUNK: gl.constexpr, NUM_BUF: gl.constexpr, NOPE: gl.constexpr, TRACED: gl.constexpr):
+                  CHUNK: gl.constexpr, NUM_BUF: gl.constexpr, NOPE: gl.constexpr, TRACED: gl.constexpr,
+                  PART: gl.constexpr = 0):
         """Worker partition: fill the ring, one BLOCK_N tile a step, CHUNK tokens at a time. The
         next chunk's loads are issued before this chunk's dequant and stores, and the next tile's
         bytes are asked into L2 once this tile's first loads are out (only one chunk is in flight
         in registers, so each chunk's load latency is paid: an L2 hit's, not HBM's); the first
-        tile's own bytes likewise, after its first chunk's loads."""
+        tile's own bytes likewise, after its first chunk's loads. ``PART`` (ablations, see the
+        kernel's ABLATE): 1 the indices but no gather (the dequant and stores of zero bytes), 2 the
+        gather without the dequant and stores (the bytes go to a store that never happens)."""
+        GATHER: gl.constexpr = PART != 1
+        STORE: gl.constexpr = PART != 2
         NCH: gl.constexpr = BLOCK_N // CHUNK
         n_tiles = gl.cdiv(hi - lo, BLOCK_N)
         for i in range(n_tiles):
@@ -173,12 +182,13 @@ if gluon is not None:
             phase = (i // NUM_BUF) & 1
             start = lo + i * BLOCK_N
             buf = kv_bufs.index(s)
-            x, e, r = _load_chunk(IDX, KV_U8, KV_BF16, row, start, hi, num_tokens, PAGE_SIZE, PAGE_BYTES, CHUNK, NOPE)
-            if i == 0:
+            x, e, r = _load_chunk(IDX, KV_U8, KV_BF16, row, start, hi, num_tokens, PAGE_SIZE, PAGE_BYTES, CHUNK, NOPE,
+                                  GATHER)
+            if i == 0 and GATHER:
                 # the first tile's other chunks: no bytes beyond the tile's own, only asked for
                 # sooner (a slice of one tile, B <= 16, has nothing else to overlap them with)
                 _prefetch_tile_l2(IDX, KV_U8, row, start, hi, num_tokens, BLOCK_N, PAGE_SIZE, PAGE_BYTES)
-            if i + 1 < n_tiles:
+            if i + 1 < n_tiles and GATHER:
                 _prefetch_tile_l2(IDX, KV_U8, row, start + BLOCK_N, hi, num_tokens, BLOCK_N, PAGE_SIZE, PAGE_BYTES)
             # the buffer is free once the consumers' P @ V of the tile NUM_BUF steps back completed
             # (mbarriers start in phase 1 complete, so the first NUM_BUF waits pass at once)
@@ -186,12 +196,18 @@ if gluon is not None:
             for c in gl.static_range(NCH):
                 if c + 1 < NCH:
                     xn, en, rn = _load_chunk(IDX, KV_U8, KV_BF16, row, start + (c + 1) * CHUNK, hi, num_tokens,
-                                             PAGE_SIZE, PAGE_BYTES, CHUNK, NOPE)
-                rows = buf.slice(c * CHUNK, CHUNK, dim=0)
-                rows.store(_dequant_chunk(x, e, CHUNK))
-                # the rope overwrites columns 448..511 of the same rows (the compiler orders the two
-                # stores with a barrier of the producer's warps)
-                rows.slice(NOPE, 64, dim=1).store(r)
+                                             PAGE_SIZE, PAGE_BYTES, CHUNK, NOPE, GATHER)
+                if STORE:
+                    rows = buf.slice(c * CHUNK, CHUNK, dim=0)
+                    rows.store(_dequant_chunk(x, e, CHUNK))
+                    # the rope overwrites columns 448..511 of the same rows (the compiler orders the
+                    # two stores with a barrier of the producer's warps)
+                    rows.slice(NOPE, 64, dim=1).store(r)
+                else:       # the loads must land somewhere: a store no program makes (num_tokens > 0)
+                    never = num_tokens < 0
+                    gl.store(KV_U8 + x.to(gl.int32) * 0, x, mask=never)
+                    gl.store(KV_U8 + e.to(gl.int32) * 0, e, mask=never)
+                    gl.store(KV_BF16 + r.to(gl.int32) * 0, r, mask=never)
                 if i == 0 and c == 0:
                     _clock(trace, 2, TRACED)
                 if c + 1 < NCH:
@@ -351,11 +367,14 @@ if gluon is not None:
 
         # (each branch writes the partitions' arguments out: held in tuples, they did not compile
         # with triton 3.6's Gluon)
-        if ABLATE == 1:         # consumers that only pass the buffers back: the producer alone
+        if ABLATE == 1 or ABLATE >= 3:
+            # consumers that only pass the buffers back: the producer alone (3: without its gather,
+            # 4: without its dequant and stores)
+            PART: gl.constexpr = 0 if ABLATE == 1 else ABLATE - 2
             gl.warp_specialize([
                 (_idle, (kv_bufs, ready, empty, lo, hi, BLOCK_N, NUM_BUF, False)),
                 (_producer, (IDX, KV_U8, KV_BF16, kv_bufs, ready, empty, row, lo, hi, num_tokens, trace,
-                             PAGE_SIZE, PAGE_BYTES, BLOCK_N, CHUNK, NUM_BUF, NOPE, TRACED)),
+                             PAGE_SIZE, PAGE_BYTES, BLOCK_N, CHUNK, NUM_BUF, NOPE, TRACED, PART)),
             ], [PRODUCER_WARPS], [PRODUCER_REGS])
         elif ABLATE == 2:       # a producer that only publishes the buffers: the consumers alone
             gl.warp_specialize([

@@ -10,7 +10,8 @@ For each B (H = 64, K = 512, context 8192, page 64, the rule's NSPLIT), CUDA-gra
 (L2 flushed before each replay, as every timing of the lab) of: the whole impl call (split launch,
 combine launch), the split launch alone, the combine alone, ``auto``'s whole call as the baseline, and two ablations of the split launch
 (hopper's ABLATE constexpr: the producer alone, its consumers only handing the buffers back; the
-consumers alone, fed buffers that were never filled); then 20 traced replays of the split
+consumers alone, fed buffers that were never filled; the producer alone without its gather, and
+with its gather alone, no dequant or stores); then 20 traced replays of the split
 launch alone: per phase the median over programs (median over replays) and the slowest program,
 the spread of program starts, and the span from the first start to the last end. ~1 min on an H200.
 Without a GPU (--cpu-smoke) the kernel cannot run: the script records hopper's refusal.
@@ -91,6 +92,10 @@ def case(B: int, smoke: bool) -> dict:
     # ring's buffers back, so each side's time alone shows how much of it the pair overlaps
     row["split_launch_producer_only_us"] = ab.time_us(lambda: split(ablate=1), smoke)
     row["split_launch_consumers_only_us"] = ab.time_us(lambda: split(ablate=2), smoke)
+    # the producer alone, split further: its indices, dequant and stores without the gather (3),
+    # and its indices and gather without the dequant and stores (4)
+    row["split_launch_producer_no_gather_us"] = ab.time_us(lambda: split(ablate=3), smoke)
+    row["split_launch_producer_gather_only_us"] = ab.time_us(lambda: split(ablate=4), smoke)
     if ns > 1:
         row["combine_us"] = ab.time_us(lambda: split_k.combine(o_part, l_part, None, out, lse), smoke)
     trace = torch.zeros(B * ns, 10, dtype=torch.int64, device=q.device)

@@ -1,0 +1,101 @@
+"""What the decode's gather can reach on this GPU: the bytes a sparse decode reads (each chosen
+token's 576 data bytes and 8 scale bytes, FP8 paged cache, page 64), read by a kernel that does
+nothing else, at many programs an SM. One JSON.
+
+    python experiments/hopper_decode/gather_roofline.py OUT.json [--batches 32 128]
+
+For each B (K = 512 tokens a request, context 8192, the lab's random decode indices) and tokens a
+program (8 .. 64; 4 warps), a Triton kernel loads every chosen token's bytes as int32 words and
+sums them into one word a program (so no load is dead). The same kernel on the first K tokens of
+each request in order (sequential indices) gives the streaming figure for the same bytes; both
+are CUDA-graph replay medians (L2 flushed before each, the lab's timing), and the empty launch's
+time (bench.launch_floor_us) is reported beside them. TB/s counts the bytes once. With
+--cpu-smoke (automatic without a GPU) one tiny case runs in the interpreter and the sums are
+checked against torch.
+"""
+import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv4lab import ab, bench
+from dsv4lab.cache import page_bytes
+from dsv4lab.kernels.common import token_limit
+from dsv4lab.testing import make_decode_inputs
+
+QUESTION = "hopper_decode"
+K, CTX, PAGE = 512, 8192, 64
+TOKEN_BYTES = 576 + 8
+
+
+@triton.jit
+def _gather_sum(IDX, KV32, OUT, K, num_tokens, BLOCK_T: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                PAGE_WORDS: tl.constexpr):
+    b = tl.program_id(0)
+    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tok = tl.load(IDX + b * K + t, mask=t < K, other=-1)
+    ok = (tok >= 0) & (tok < num_tokens)
+    safe = tl.where(ok, tok, 0).to(tl.int64)
+    base = (safe // PAGE_SIZE) * PAGE_WORDS
+    data = base + (safe % PAGE_SIZE) * 144                        # 576 bytes = 144 words
+    scl = base + PAGE_SIZE * 144 + (safe % PAGE_SIZE) * 2         # 8 bytes = 2 words
+    w = tl.arange(0, 128)
+    x = tl.load(KV32 + data[:, None] + w[None, :], mask=ok[:, None], other=0)
+    r = tl.load(KV32 + data[:, None] + 128 + tl.arange(0, 16)[None, :], mask=ok[:, None], other=0)
+    e = tl.load(KV32 + scl[:, None] + tl.arange(0, 2)[None, :], mask=ok[:, None], other=0)
+    s = tl.sum(tl.sum(x, 1), 0) + tl.sum(tl.sum(r, 1), 0) + tl.sum(tl.sum(e, 1), 0)
+    tl.store(OUT + b * tl.num_programs(1) + tl.program_id(1), s)
+
+
+def gather(idx, kv32, out, num_tokens, block_t):
+    B = idx.shape[0]
+    _gather_sum[(B, triton.cdiv(K, block_t))](idx, kv32, out, K, num_tokens, BLOCK_T=block_t,
+                                             PAGE_SIZE=PAGE, PAGE_WORDS=page_bytes(PAGE) // 4, num_warps=4)
+
+
+def expected(idx, kv32, block_t):
+    """The sums in torch (int64, wrapped to int32 as the kernel's adds wrap)."""
+    B = idx.shape[0]
+    words = kv32.to(torch.int64)
+    pw = page_bytes(PAGE) // 4
+    tok = idx.to(torch.int64)
+    data = (tok // PAGE) * pw + (tok % PAGE) * 144
+    scl = (tok // PAGE) * pw + PAGE * 144 + (tok % PAGE) * 2
+    per = words[data[..., None] + torch.arange(144, device=idx.device)].sum(-1) \
+        + words[scl[..., None] + torch.arange(2, device=idx.device)].sum(-1)
+    per = per.view(B, -1, block_t).sum(-1)
+    return ((per + 2**31) % 2**32 - 2**31).to(torch.int32)
+
+
+def main(argv=None):
+    def options(p):
+        p.add_argument("--batches", type=int, nargs="+", default=[32, 128])
+    a = ab.parse_args(__doc__, options, argv)
+    rows = []
+    if not a.smoke:
+        rows.append(dict(kind="launch_floor", **bench.launch_floor_us()))
+    for B in ([2] if a.smoke else a.batches):
+        inp = make_decode_inputs(B, 4, K, context=CTX, page_size=PAGE, seed=B)
+        kv32 = inp.cache.byte_views[1].view(torch.int32)
+        ntok = token_limit(inp.cache)
+        rand = inp.indices.contiguous()
+        seq = (torch.arange(B, device=rand.device, dtype=torch.int32)[:, None] * CTX
+               + torch.arange(K, device=rand.device, dtype=torch.int32)[None, :]).contiguous()
+        for order, idx in (("random", rand), ("sequential", seq)):
+            for bt in ([8] if a.smoke else [8, 16, 32, 64]):
+                out = torch.empty(B * triton.cdiv(K, bt), dtype=torch.int32, device=rand.device)
+                gather(idx, kv32, out, ntok, bt)
+                ok = bool(torch.equal(out.view(B, -1), expected(idx, kv32, bt)))
+                us = ab.time_us(lambda: gather(idx, kv32, out, ntok, bt), a.smoke)
+                nbytes = B * K * TOKEN_BYTES
+                rows.append(dict(kind="gather", B=B, order=order, tokens_per_program=bt, programs=out.numel(),
+                                 bytes=nbytes, graph_us=us, tb_s=None if us is None else nbytes / us / 1e6,
+                                 sums_match=ok))
+                print(rows[-1], flush=True)
+        ab.write(a.out, QUESTION, a.smoke, K=K, context=CTX, rows=rows, complete=False)
+    ab.write(a.out, QUESTION, a.smoke, K=K, context=CTX, rows=rows, complete=True)
+
+
+if __name__ == "__main__":
+    main()
