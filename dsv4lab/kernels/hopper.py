@@ -59,7 +59,7 @@ NUM_BUF = 2
 CHUNK = 16                  # tokens the producer gathers and dequantizes at a time (16: no spills at 96 registers)
 NUM_WARPS = 8               # the consumers (default partition): two warp groups
 PRODUCER_WARPS = 4
-PRODUCER_REGS = 96          # setmaxnreg for the producer warp group
+PRODUCER_REGS = 104         # setmaxnreg for the producer warp group (96: its indices carried ahead spill)
 MAXNREG = 168               # 12 warps x 32 x 168 <= 65536: the consumers get what the producer gives up
 
 
@@ -92,14 +92,16 @@ if gluon is not None:
             gl.store(trace + slot, t)
 
     @gluon.jit
-    def _token_bytes(IDX, row, start, hi, num_tokens, layout: gl.constexpr, N: gl.constexpr,
-                     PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr):
-        """Byte offsets of N tokens' data and scale bytes in the cache, and which are valid (inside
-        the slice and a token of the cache: padding, or an index past the cache, is never read)."""
+    def _tokens(IDX, row, start, hi, layout: gl.constexpr, N: gl.constexpr):
+        """The slice's indices start .. start + N - 1 (-1 from its end ``hi`` on)."""
         pos = start + gl.arange(0, N, layout=layout)
-        inb = pos < hi
-        tok = gl.load(IDX + row + pos, mask=inb, other=-1)
-        valid = inb & (tok.to(gl.uint32) < num_tokens)          # one unsigned compare: -1 wraps high
+        return gl.load(IDX + row + pos, mask=pos < hi, other=-1)
+
+    @gluon.jit
+    def _token_offsets(tok, num_tokens, PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr):
+        """Byte offsets of tokens' data and scale bytes in the cache, and which are valid (a token of
+        the cache: padding (-1), or an index past the cache, is never read)."""
+        valid = tok.to(gl.uint32) < num_tokens                  # one unsigned compare: -1 wraps high
         safe = gl.where(valid, tok, 0).to(gl.int64)
         page = safe // PAGE_SIZE
         slot = safe % PAGE_SIZE
@@ -108,20 +110,32 @@ if gluon is not None:
         return data, scl, valid
 
     @gluon.jit
-    def _load_chunk(IDX, KV_U8, KV_BF16, row, start, hi, num_tokens,
-                    PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr, CHUNK: gl.constexpr, NOPE: gl.constexpr,
-                    GATHER: gl.constexpr = True):
-        """The raw bytes of CHUNK tokens: fp8 as [CHUNK, 8, 64] (group 7 is never read: rope's
-        columns), the 8 scale bytes [CHUNK, 8], and the bf16 rope [CHUNK, 64] in a layout of its
-        own (in the fp8 layout every thread would hold rope registers for one group in eight).
-        16-byte loads of fp8; invalid tokens read nothing, and nothing is read without GATHER (an
-        ablation: the indices alone)."""
+    def _chunk_tokens(IDX, row, start, hi, CHUNK: gl.constexpr):
+        """A chunk's indices in the two layouts its loads take (fp8 and scales; rope)."""
+        L3: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 8, 4], [4, 1, 1], [2, 1, 0])
+        RV: gl.constexpr = CHUNK // 2
+        LR: gl.constexpr = gl.BlockedLayout([1, RV], [32 * RV // 64, 64 // RV], [4, 1], [1, 0])
+        return (_tokens(IDX, row, start, hi, gl.SliceLayout(1, gl.SliceLayout(2, L3)), CHUNK),
+                _tokens(IDX, row, start, hi, gl.SliceLayout(1, LR), CHUNK))
+
+    @gluon.jit
+    def _tile_tokens(IDX, row, start, hi, BLOCK_N: gl.constexpr):
+        """A tile's indices in the layout of its L2 prefetch."""
+        return _tokens(IDX, row, start, hi, gl.BlockedLayout([1], [32], [4], [0]), BLOCK_N)
+
+    @gluon.jit
+    def _load_chunk(KV_U8, KV_BF16, te, tr, num_tokens, PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr,
+                    CHUNK: gl.constexpr, NOPE: gl.constexpr, GATHER: gl.constexpr = True):
+        """The raw bytes of CHUNK tokens (their indices ``te``, ``tr``: _chunk_tokens): fp8 as
+        [CHUNK, 8, 64] (group 7 is never read: rope's columns), the 8 scale bytes [CHUNK, 8], and the
+        bf16 rope [CHUNK, 64] in a layout of its own (in the fp8 layout every thread would hold rope
+        registers for one group in eight). 16-byte loads of fp8; invalid tokens read nothing, and
+        nothing is read without GATHER (an ablation: the indices alone)."""
         L3: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 8, 4], [4, 1, 1], [2, 1, 0])
         LE: gl.constexpr = gl.SliceLayout(2, L3)
         RV: gl.constexpr = CHUNK // 2                       # rope values a thread holds (128 threads)
         LR: gl.constexpr = gl.BlockedLayout([1, RV], [32 * RV // 64, 64 // RV], [4, 1], [1, 0])
-        data, scl, valid = _token_bytes(IDX, row, start, hi, num_tokens, gl.SliceLayout(1, LE), CHUNK, PAGE_SIZE,
-                                        PAGE_BYTES)
+        data, scl, valid = _token_offsets(te, num_tokens, PAGE_SIZE, PAGE_BYTES)
         valid = valid & GATHER
         g = gl.arange(0, 8, layout=gl.SliceLayout(0, LE))
         j = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
@@ -132,8 +146,7 @@ if gluon is not None:
         x = gl.load(KV_U8 + data3 + g3 * 64 + j3, mask=valid3 & (g3 < NOPE // 64), other=0)
         e = gl.load(KV_U8 + gl.expand_dims(scl, 1) + gl.expand_dims(g, 0), mask=gl.expand_dims(valid, 1),
                     other=127)
-        rdata, _, rvalid = _token_bytes(IDX, row, start, hi, num_tokens, gl.SliceLayout(1, LR), CHUNK, PAGE_SIZE,
-                                        PAGE_BYTES)
+        rdata, _, rvalid = _token_offsets(tr, num_tokens, PAGE_SIZE, PAGE_BYTES)
         rvalid = rvalid & GATHER
         jr = gl.arange(0, 64, layout=gl.SliceLayout(0, LR))
         r = gl.load(KV_BF16 + gl.expand_dims((rdata + NOPE) // 2, 1) + gl.expand_dims(jr, 0),
@@ -152,12 +165,11 @@ if gluon is not None:
         return gl.reshape(y, [CHUNK, 8 * 64])
 
     @gluon.jit
-    def _prefetch_tile_l2(IDX, KV_U8, row, start, hi, num_tokens, BLOCK_N: gl.constexpr,
-                          PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr):
-        """Ask L2 for a tile's bytes without waiting (common.L2_PREFETCH_ASM, one per token), so its
-        chunk loads a tile later hit L2 instead of HBM (padding asks for token 0's bytes: harmless)."""
-        LP: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-        data, scl, _ = _token_bytes(IDX, row, start, hi, num_tokens, LP, BLOCK_N, PAGE_SIZE, PAGE_BYTES)
+    def _prefetch_tile_l2(KV_U8, tp, num_tokens, PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr):
+        """Ask L2 for a tile's bytes without waiting (common.L2_PREFETCH_ASM, one per token; ``tp``:
+        its indices, _tile_tokens), so its chunk loads a tile later hit L2 instead of HBM (padding
+        asks for token 0's bytes: harmless)."""
+        data, scl, _ = _token_offsets(tp, num_tokens, PAGE_SIZE, PAGE_BYTES)
         gl.inline_asm_elementwise(_L2_PREFETCH_ASM, "=r,l,l", [KV_U8 + data, KV_U8 + scl],
                                   dtype=gl.int32, is_pure=False, pack=1)
 
@@ -177,26 +189,37 @@ if gluon is not None:
         STORE: gl.constexpr = PART != 2
         NCH: gl.constexpr = BLOCK_N // CHUNK
         n_tiles = gl.cdiv(hi - lo, BLOCK_N)
+        # indices travel ahead of the bytes they address, so no load waits on an index load: two
+        # chunks' (te0/tr0 the next chunk's, te1/tr1 the one after) and the next tile's (for its L2
+        # prefetch, a tile before its loads)
+        te0, tr0 = _chunk_tokens(IDX, row, lo, hi, CHUNK)
+        te1, tr1 = _chunk_tokens(IDX, row, lo + CHUNK, hi, CHUNK)
+        tp = _tile_tokens(IDX, row, lo + BLOCK_N, hi, BLOCK_N)
         for i in range(n_tiles):
             s = i % NUM_BUF
             phase = (i // NUM_BUF) & 1
             start = lo + i * BLOCK_N
             buf = kv_bufs.index(s)
-            x, e, r = _load_chunk(IDX, KV_U8, KV_BF16, row, start, hi, num_tokens, PAGE_SIZE, PAGE_BYTES, CHUNK, NOPE,
-                                  GATHER)
+            x, e, r = _load_chunk(KV_U8, KV_BF16, te0, tr0, num_tokens, PAGE_SIZE, PAGE_BYTES, CHUNK, NOPE, GATHER)
+            te0, tr0 = te1, tr1
+            te1, tr1 = _chunk_tokens(IDX, row, start + 2 * CHUNK, hi, CHUNK)
             if i == 0 and GATHER:
                 # the first tile's other chunks: no bytes beyond the tile's own, only asked for
                 # sooner (a slice of one tile, B <= 16, has nothing else to overlap them with)
-                _prefetch_tile_l2(IDX, KV_U8, row, start, hi, num_tokens, BLOCK_N, PAGE_SIZE, PAGE_BYTES)
+                _prefetch_tile_l2(KV_U8, _tile_tokens(IDX, row, start, hi, BLOCK_N), num_tokens, PAGE_SIZE,
+                                  PAGE_BYTES)
             if i + 1 < n_tiles and GATHER:
-                _prefetch_tile_l2(IDX, KV_U8, row, start + BLOCK_N, hi, num_tokens, BLOCK_N, PAGE_SIZE, PAGE_BYTES)
+                _prefetch_tile_l2(KV_U8, tp, num_tokens, PAGE_SIZE, PAGE_BYTES)
+                tp = _tile_tokens(IDX, row, start + 2 * BLOCK_N, hi, BLOCK_N)
             # the buffer is free once the consumers' P @ V of the tile NUM_BUF steps back completed
             # (mbarriers start in phase 1 complete, so the first NUM_BUF waits pass at once)
             mbarrier.wait(empty.index(s), phase ^ 1)
             for c in gl.static_range(NCH):
                 if c + 1 < NCH:
-                    xn, en, rn = _load_chunk(IDX, KV_U8, KV_BF16, row, start + (c + 1) * CHUNK, hi, num_tokens,
-                                             PAGE_SIZE, PAGE_BYTES, CHUNK, NOPE, GATHER)
+                    xn, en, rn = _load_chunk(KV_U8, KV_BF16, te0, tr0, num_tokens, PAGE_SIZE, PAGE_BYTES, CHUNK,
+                                             NOPE, GATHER)
+                    te0, tr0 = te1, tr1          # at c = NCH - 2: the next tile's first chunk, then its second
+                    te1, tr1 = _chunk_tokens(IDX, row, start + (c + 3) * CHUNK, hi, CHUNK)
                 if STORE:
                     rows = buf.slice(c * CHUNK, CHUNK, dim=0)
                     rows.store(_dequant_chunk(x, e, CHUNK))
@@ -367,7 +390,7 @@ if gluon is not None:
 
         # (each branch writes the partitions' arguments out: held in tuples, they did not compile
         # with triton 3.6's Gluon)
-        if ABLATE == 1 or ABLATE >= 3:
+        if ABLATE == 1 or ABLATE == 3 or ABLATE == 4:
             # consumers that only pass the buffers back: the producer alone (3: without its gather,
             # 4: without its dequant and stores)
             PART: gl.constexpr = 0 if ABLATE == 1 else ABLATE - 2
@@ -471,7 +494,7 @@ def compile_report(*, split: bool = False, page_size: int = 64, has_topk_len: bo
     from ..cache import page_bytes
     if GLUON_ERROR is not None:
         raise ValueError(f"triton.experimental.gluon could not be imported ({GLUON_ERROR})")
-    c = dict(PAGE_SIZE=page_size, PAGE_BYTES=page_bytes(page_size), HAS_TOPK_LEN=has_topk_len,
+    c = dict(TRACED=False, ABLATE=0, PAGE_SIZE=page_size, PAGE_BYTES=page_bytes(page_size), HAS_TOPK_LEN=has_topk_len,
              HAS_SINK=has_sink and not split, BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, NUM_BUF=NUM_BUF, CHUNK=CHUNK,
              PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS, D=512, NOPE=448, num_warps=NUM_WARPS)
     k = cr.compile_kernel(_hopper_decode_kernel, c, num_warps=NUM_WARPS, num_stages=1, arch=arch, maxnreg=MAXNREG)
