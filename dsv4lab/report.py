@@ -392,7 +392,7 @@ def story_vs_lab_table(run: str = "h200") -> "pd.DataFrame":
 
 
 #: the recorded run of the Hopper kernel the tables read (experiments/hopper_decode)
-HOPPER_RUN = "h200_run3"
+HOPPER_RUN = "h200_run4"
 
 
 def _hopper_times():
