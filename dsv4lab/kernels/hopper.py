@@ -56,7 +56,7 @@ except Exception as e:  # noqa: BLE001  (any failure to import means: no Gluon h
 BLOCK_H = 64
 BLOCK_N = 64
 NUM_BUF = 2
-CHUNK = 16                  # tokens the producer gathers and dequantizes at a time (16: no spills at 96 registers)
+CHUNK = 16                  # tokens the producer gathers and dequantizes at a time (32 would not fit its registers)
 NUM_WARPS = 8               # the consumers (default partition): two warp groups
 PRODUCER_WARPS = 4
 PRODUCER_REGS = 104         # setmaxnreg for the producer warp group (96: its indices carried ahead spill)
@@ -129,28 +129,34 @@ if gluon is not None:
         """The raw bytes of CHUNK tokens (their indices ``te``, ``tr``: _chunk_tokens): fp8 as
         [CHUNK, 8, 64] (group 7 is never read: rope's columns), the 8 scale bytes [CHUNK, 8], and the
         bf16 rope [CHUNK, 64] in a layout of its own (in the fp8 layout every thread would hold rope
-        registers for one group in eight). 16-byte loads of fp8; invalid tokens read nothing, and
-        nothing is read without GATHER (an ablation: the indices alone)."""
+        registers for one group in eight). 16-byte loads of fp8; invalid tokens read nothing.
+        Without GATHER (an ablation) nothing is read: the "bytes" are the low bits of their would-be
+        offsets, so the index loads and the dequant of varying bytes stay in the code."""
         L3: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 8, 4], [4, 1, 1], [2, 1, 0])
         LE: gl.constexpr = gl.SliceLayout(2, L3)
         RV: gl.constexpr = CHUNK // 2                       # rope values a thread holds (128 threads)
         LR: gl.constexpr = gl.BlockedLayout([1, RV], [32 * RV // 64, 64 // RV], [4, 1], [1, 0])
         data, scl, valid = _token_offsets(te, num_tokens, PAGE_SIZE, PAGE_BYTES)
-        valid = valid & GATHER
         g = gl.arange(0, 8, layout=gl.SliceLayout(0, LE))
         j = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
         g3 = gl.expand_dims(gl.expand_dims(g, 0), 2)                      # [1, 8, 1]
         j3 = gl.expand_dims(gl.expand_dims(j, 0), 1)                      # [1, 1, 64]
         data3 = gl.expand_dims(gl.expand_dims(data, 1), 2)                # [CHUNK, 1, 1]
         valid3 = gl.expand_dims(gl.expand_dims(valid, 1), 2)
-        x = gl.load(KV_U8 + data3 + g3 * 64 + j3, mask=valid3 & (g3 < NOPE // 64), other=0)
-        e = gl.load(KV_U8 + gl.expand_dims(scl, 1) + gl.expand_dims(g, 0), mask=gl.expand_dims(valid, 1),
-                    other=127)
+        if GATHER:
+            x = gl.load(KV_U8 + data3 + g3 * 64 + j3, mask=valid3 & (g3 < NOPE // 64), other=0)
+            e = gl.load(KV_U8 + gl.expand_dims(scl, 1) + gl.expand_dims(g, 0), mask=gl.expand_dims(valid, 1),
+                        other=127)
+        else:
+            x = (data3 + g3 * 64 + j3).to(gl.uint8)
+            e = (gl.expand_dims(scl, 1) + gl.expand_dims(g, 0)).to(gl.uint8) & 127
         rdata, _, rvalid = _token_offsets(tr, num_tokens, PAGE_SIZE, PAGE_BYTES)
-        rvalid = rvalid & GATHER
         jr = gl.arange(0, 64, layout=gl.SliceLayout(0, LR))
-        r = gl.load(KV_BF16 + gl.expand_dims((rdata + NOPE) // 2, 1) + gl.expand_dims(jr, 0),
-                    mask=gl.expand_dims(rvalid, 1), other=0.0)
+        if GATHER:
+            r = gl.load(KV_BF16 + gl.expand_dims((rdata + NOPE) // 2, 1) + gl.expand_dims(jr, 0),
+                        mask=gl.expand_dims(rvalid, 1), other=0.0)
+        else:
+            r = (gl.expand_dims(rdata, 1) + gl.expand_dims(jr, 0)).to(gl.int16).to(gl.bfloat16, bitcast=True)
         return x, e, r
 
     @gluon.jit
@@ -183,10 +189,18 @@ if gluon is not None:
         bytes are asked into L2 once this tile's first loads are out (only one chunk is in flight
         in registers, so each chunk's load latency is paid: an L2 hit's, not HBM's); the first
         tile's own bytes likewise, after its first chunk's loads. ``PART`` (ablations, see the
-        kernel's ABLATE): 1 the indices but no gather (the dequant and stores of zero bytes), 2 the
-        gather without the dequant and stores (the bytes go to a store that never happens)."""
+        kernel's ABLATE): 1 the indices, dequant and stores without the gather (bytes made from
+        the offsets, _load_chunk), 2 the gather without the dequant and stores (the bytes folded
+        into registers by XOR, then a store that never happens)."""
         GATHER: gl.constexpr = PART != 1
         STORE: gl.constexpr = PART != 2
+        if not STORE:       # the gather alone: its bytes are folded into registers, stored once, never
+            L3: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 8, 4], [4, 1, 1], [2, 1, 0])
+            RV: gl.constexpr = CHUNK // 2
+            LR: gl.constexpr = gl.BlockedLayout([1, RV], [32 * RV // 64, 64 // RV], [4, 1], [1, 0])
+            kx = gl.zeros([CHUNK, 8, 64], gl.uint8, L3)
+            ke = gl.zeros([CHUNK, 8], gl.uint8, gl.SliceLayout(2, L3))
+            kr = gl.zeros([CHUNK, 64], gl.int16, LR)
         NCH: gl.constexpr = BLOCK_N // CHUNK
         n_tiles = gl.cdiv(hi - lo, BLOCK_N)
         # indices travel ahead of the bytes they address, so no load waits on an index load: two
@@ -226,11 +240,10 @@ if gluon is not None:
                     # the rope overwrites columns 448..511 of the same rows (the compiler orders the
                     # two stores with a barrier of the producer's warps)
                     rows.slice(NOPE, 64, dim=1).store(r)
-                else:       # the loads must land somewhere: a store no program makes (num_tokens > 0)
-                    never = num_tokens < 0
-                    gl.store(KV_U8 + x.to(gl.int32) * 0, x, mask=never)
-                    gl.store(KV_U8 + e.to(gl.int32) * 0, e, mask=never)
-                    gl.store(KV_BF16 + r.to(gl.int32) * 0, r, mask=never)
+                else:
+                    kx = kx ^ x
+                    ke = ke ^ e
+                    kr = kr ^ r.to(gl.int16, bitcast=True)
                 if i == 0 and c == 0:
                     _clock(trace, 2, TRACED)
                 if c + 1 < NCH:
@@ -240,6 +253,11 @@ if gluon is not None:
             mbarrier.arrive(ready.index(s), count=1)
             if i == 0:
                 _clock(trace, 3, TRACED)
+        if not STORE:       # the loads must land somewhere: a store no program makes (num_tokens > 0)
+            never = num_tokens < 0
+            gl.store(KV_U8 + kx.to(gl.int32) * 0, kx, mask=never)
+            gl.store(KV_U8 + ke.to(gl.int32) * 0, ke, mask=never)
+            gl.store(KV_BF16 + kr.to(gl.int32) * 0, kr.to(gl.bfloat16, bitcast=True), mask=never)
         _clock(trace, 4, TRACED)
 
     @gluon.jit
