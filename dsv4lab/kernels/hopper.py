@@ -60,7 +60,6 @@ CHUNK = 16                  # tokens the producer gathers and dequantizes at a t
 NUM_WARPS = 8               # the consumers (default partition): two warp groups
 PRODUCER_WARPS = 4
 PRODUCER_REGS = 104         # setmaxnreg for the producer warp group (96: its indices carried ahead spill)
-L2_AHEAD = 1                # tiles the producer asks L2 for ahead of the one it gathers
 MAXNREG = 168               # 12 warps x 32 x 168 <= 65536: the consumers get what the producer gives up
 
 
@@ -184,7 +183,7 @@ if gluon is not None:
     def _producer(IDX, KV_U8, KV_BF16, kv_bufs, ready, empty, row, lo, hi, num_tokens, trace,
                   PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr, BLOCK_N: gl.constexpr,
                   CHUNK: gl.constexpr, NUM_BUF: gl.constexpr, NOPE: gl.constexpr, TRACED: gl.constexpr,
-                  L2_AHEAD: gl.constexpr, PART: gl.constexpr = 0):
+                  PART: gl.constexpr = 0):
         """Worker partition: fill the ring, one BLOCK_N tile a step, CHUNK tokens at a time. The
         next chunk's loads are issued before this chunk's dequant and stores, and the next tile's
         bytes are asked into L2 once this tile's first loads are out (only one chunk is in flight
@@ -209,7 +208,7 @@ if gluon is not None:
         # prefetch, a tile before its loads)
         te0, tr0 = _chunk_tokens(IDX, row, lo, hi, CHUNK)
         te1, tr1 = _chunk_tokens(IDX, row, lo + CHUNK, hi, CHUNK)
-        tp = _tile_tokens(IDX, row, lo + L2_AHEAD * BLOCK_N, hi, BLOCK_N)
+        tp = _tile_tokens(IDX, row, lo + BLOCK_N, hi, BLOCK_N)
         for i in range(n_tiles):
             s = i % NUM_BUF
             phase = (i // NUM_BUF) & 1
@@ -223,13 +222,9 @@ if gluon is not None:
                 # sooner (a slice of one tile, B <= 16, has nothing else to overlap them with)
                 _prefetch_tile_l2(KV_U8, _tile_tokens(IDX, row, start, hi, BLOCK_N), num_tokens, PAGE_SIZE,
                                   PAGE_BYTES)
-                for t in gl.static_range(1, L2_AHEAD):       # and the tiles before the steady state's
-                    if t < n_tiles:
-                        _prefetch_tile_l2(KV_U8, _tile_tokens(IDX, row, start + t * BLOCK_N, hi, BLOCK_N),
-                                          num_tokens, PAGE_SIZE, PAGE_BYTES)
-            if i + L2_AHEAD < n_tiles and GATHER:
+            if i + 1 < n_tiles and GATHER:
                 _prefetch_tile_l2(KV_U8, tp, num_tokens, PAGE_SIZE, PAGE_BYTES)
-                tp = _tile_tokens(IDX, row, start + (L2_AHEAD + 1) * BLOCK_N, hi, BLOCK_N)
+                tp = _tile_tokens(IDX, row, start + 2 * BLOCK_N, hi, BLOCK_N)
             # the buffer is free once the consumers' P @ V of the tile NUM_BUF steps back completed
             # (mbarriers start in phase 1 complete, so the first NUM_BUF waits pass at once)
             mbarrier.wait(empty.index(s), phase ^ 1)
@@ -374,7 +369,6 @@ if gluon is not None:
                               HAS_TOPK_LEN: gl.constexpr, HAS_SINK: gl.constexpr,
                               BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr,
                               CHUNK: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                              L2_AHEAD: gl.constexpr,
                               D: gl.constexpr, NOPE: gl.constexpr, num_warps: gl.constexpr,
                               LAUNCH_DEPENDENTS: gl.constexpr = False, TRACED: gl.constexpr = False,
                               ABLATE: gl.constexpr = 0):
@@ -421,7 +415,7 @@ if gluon is not None:
             gl.warp_specialize([
                 (_idle, (kv_bufs, ready, empty, lo, hi, BLOCK_N, NUM_BUF, False)),
                 (_producer, (IDX, KV_U8, KV_BF16, kv_bufs, ready, empty, row, lo, hi, num_tokens, trace,
-                             PAGE_SIZE, PAGE_BYTES, BLOCK_N, CHUNK, NUM_BUF, NOPE, TRACED, L2_AHEAD, PART)),
+                             PAGE_SIZE, PAGE_BYTES, BLOCK_N, CHUNK, NUM_BUF, NOPE, TRACED, PART)),
             ], [PRODUCER_WARPS], [PRODUCER_REGS])
         elif ABLATE == 2:       # a producer that only publishes the buffers: the consumers alone
             gl.warp_specialize([
@@ -436,7 +430,7 @@ if gluon is not None:
                              O, LSE, b, hb, sp, H, stride_qb, stride_qh, stride_ob, stride_oh, stride_os, nsplit,
                              trace, HAS_SINK, BLOCK_H, BLOCK_N, NUM_BUF, D, TRACED)),
                 (_producer, (IDX, KV_U8, KV_BF16, kv_bufs, ready, empty, row, lo, hi, num_tokens, trace,
-                             PAGE_SIZE, PAGE_BYTES, BLOCK_N, CHUNK, NUM_BUF, NOPE, TRACED, L2_AHEAD)),
+                             PAGE_SIZE, PAGE_BYTES, BLOCK_N, CHUNK, NUM_BUF, NOPE, TRACED)),
             ], [PRODUCER_WARPS], [PRODUCER_REGS])
 
 
@@ -477,7 +471,7 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, nsplit: i
         PAGE_SIZE=cache.page_size, PAGE_BYTES=cache.page_bytes,
         HAS_TOPK_LEN=topk_len is not None, HAS_SINK=attn_sink is not None,
         BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, NUM_BUF=NUM_BUF, CHUNK=CHUNK,
-        PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS, L2_AHEAD=L2_AHEAD, D=D, NOPE=448,
+        PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS, D=D, NOPE=448,
         num_warps=NUM_WARPS, maxnreg=MAXNREG, LAUNCH_DEPENDENTS=pdl, TRACED=trace is not None,
         ABLATE=ablate)
 
@@ -520,8 +514,7 @@ def compile_report(*, split: bool = False, page_size: int = 64, has_topk_len: bo
         raise ValueError(f"triton.experimental.gluon could not be imported ({GLUON_ERROR})")
     c = dict(TRACED=False, ABLATE=0, PAGE_SIZE=page_size, PAGE_BYTES=page_bytes(page_size), HAS_TOPK_LEN=has_topk_len,
              HAS_SINK=has_sink and not split, BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, NUM_BUF=NUM_BUF, CHUNK=CHUNK,
-             PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS, L2_AHEAD=L2_AHEAD, D=512, NOPE=448,
-             num_warps=NUM_WARPS)
+             PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS, D=512, NOPE=448, num_warps=NUM_WARPS)
     k = cr.compile_kernel(_hopper_decode_kernel, c, num_warps=NUM_WARPS, num_stages=1, arch=arch, maxnreg=MAXNREG)
     return {"kernel": "hopper", "split": split, "block_h": BLOCK_H, "block_n": BLOCK_N, "num_buf": NUM_BUF,
             "chunk": CHUNK, "num_warps": NUM_WARPS, "producer_warps": PRODUCER_WARPS,
