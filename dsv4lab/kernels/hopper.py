@@ -84,6 +84,18 @@ if gluon is not None:
     _TOPK_LEN_FLAG = gl.constexpr(int(Flag.TOPK_LEN))
     _SINK_FLAG = gl.constexpr(int(Flag.SINK))
 
+    @gluon.constexpr_function
+    def _chunk_layout():
+        """A chunk's fp8 bytes [CHUNK, 8, 64] over the producer's 128 threads: 16 bytes a thread."""
+        return gl.BlockedLayout([1, 1, 16], [1, 8, 4], [4, 1, 1], [2, 1, 0])
+
+    @gluon.constexpr_function
+    def _rope_layout(chunk):
+        """A chunk's bf16 rope [CHUNK, 64] in a layout of its own (in the fp8 layout every thread would
+        hold rope registers for one group in eight): CHUNK / 2 values a thread."""
+        rv = chunk // 2
+        return gl.BlockedLayout([1, rv], [32 * rv // 64, 64 // rv], [4, 1], [1, 0])
+
     @gluon.jit
     def _clock(trace, slot: gl.constexpr, TRACED: gl.constexpr):
         """TRACE row [slot] = %globaltimer (experiments/hopper_decode's clocks; compiled out when off)."""
@@ -112,9 +124,8 @@ if gluon is not None:
     @gluon.jit
     def _chunk_tokens(IDX, row, start, hi, CHUNK: gl.constexpr):
         """A chunk's indices in the two layouts its loads take (fp8 and scales; rope)."""
-        L3: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 8, 4], [4, 1, 1], [2, 1, 0])
-        RV: gl.constexpr = CHUNK // 2
-        LR: gl.constexpr = gl.BlockedLayout([1, RV], [32 * RV // 64, 64 // RV], [4, 1], [1, 0])
+        L3: gl.constexpr = _chunk_layout()
+        LR: gl.constexpr = _rope_layout(CHUNK)
         return (_tokens(IDX, row, start, hi, gl.SliceLayout(1, gl.SliceLayout(2, L3)), CHUNK),
                 _tokens(IDX, row, start, hi, gl.SliceLayout(1, LR), CHUNK))
 
@@ -128,14 +139,12 @@ if gluon is not None:
                     CHUNK: gl.constexpr, NOPE: gl.constexpr, GATHER: gl.constexpr = True):
         """The raw bytes of CHUNK tokens (their indices ``te``, ``tr``: _chunk_tokens): fp8 as
         [CHUNK, 8, 64] (group 7 is never read: rope's columns), the 8 scale bytes [CHUNK, 8], and the
-        bf16 rope [CHUNK, 64] in a layout of its own (in the fp8 layout every thread would hold rope
-        registers for one group in eight). 16-byte loads of fp8; invalid tokens read nothing.
+        bf16 rope [CHUNK, 64] (_rope_layout). 16-byte loads of fp8; invalid tokens read nothing.
         Without GATHER (an ablation) nothing is read: the "bytes" are the low bits of their would-be
         offsets, so the index loads and the dequant of varying bytes stay in the code."""
-        L3: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 8, 4], [4, 1, 1], [2, 1, 0])
+        L3: gl.constexpr = _chunk_layout()
         LE: gl.constexpr = gl.SliceLayout(2, L3)
-        RV: gl.constexpr = CHUNK // 2                       # rope values a thread holds (128 threads)
-        LR: gl.constexpr = gl.BlockedLayout([1, RV], [32 * RV // 64, 64 // RV], [4, 1], [1, 0])
+        LR: gl.constexpr = _rope_layout(CHUNK)
         data, scl, valid = _token_offsets(te, num_tokens, PAGE_SIZE, PAGE_BYTES)
         g = gl.arange(0, 8, layout=gl.SliceLayout(0, LE))
         j = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
@@ -195,12 +204,9 @@ if gluon is not None:
         GATHER: gl.constexpr = PART != 1
         STORE: gl.constexpr = PART != 2
         if not STORE:       # the gather alone: its bytes are folded into registers, stored once, never
-            L3: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 8, 4], [4, 1, 1], [2, 1, 0])
-            RV: gl.constexpr = CHUNK // 2
-            LR: gl.constexpr = gl.BlockedLayout([1, RV], [32 * RV // 64, 64 // RV], [4, 1], [1, 0])
-            kx = gl.zeros([CHUNK, 8, 64], gl.uint8, L3)
-            ke = gl.zeros([CHUNK, 8], gl.uint8, gl.SliceLayout(2, L3))
-            kr = gl.zeros([CHUNK, 64], gl.int16, LR)
+            kx = gl.zeros([CHUNK, 8, 64], gl.uint8, _chunk_layout())
+            ke = gl.zeros([CHUNK, 8], gl.uint8, gl.SliceLayout(2, _chunk_layout()))
+            kr = gl.zeros([CHUNK, 64], gl.int16, _rope_layout(CHUNK))
         NCH: gl.constexpr = BLOCK_N // CHUNK
         n_tiles = gl.cdiv(hi - lo, BLOCK_N)
         # indices travel ahead of the bytes they address, so no load waits on an index load: two

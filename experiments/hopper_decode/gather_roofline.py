@@ -33,20 +33,27 @@ TOKEN_BYTES = 576 + 8
 
 
 @triton.jit
-def _gather_sum(IDX, KV32, OUT, K, num_tokens, BLOCK_T: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                PAGE_WORDS: tl.constexpr):
-    b = tl.program_id(0)
-    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
-    tok = tl.load(IDX + b * K + t, mask=t < K, other=-1)
+def _token_words(KV32, tok, num_tokens, PAGE_SIZE: tl.constexpr, PAGE_WORDS: tl.constexpr):
+    """The words of tokens ``tok`` (int32 views of the FP8 paged cache): data words 0..127 and
+    128..143 (576 bytes), and the 2 scale words; an index outside the cache reads nothing (0)."""
     ok = (tok >= 0) & (tok < num_tokens)
     safe = tl.where(ok, tok, 0).to(tl.int64)
     base = (safe // PAGE_SIZE) * PAGE_WORDS
     data = base + (safe % PAGE_SIZE) * 144                        # 576 bytes = 144 words
     scl = base + PAGE_SIZE * 144 + (safe % PAGE_SIZE) * 2         # 8 bytes = 2 words
-    w = tl.arange(0, 128)
-    x = tl.load(KV32 + data[:, None] + w[None, :], mask=ok[:, None], other=0)
+    x = tl.load(KV32 + data[:, None] + tl.arange(0, 128)[None, :], mask=ok[:, None], other=0)
     r = tl.load(KV32 + data[:, None] + 128 + tl.arange(0, 16)[None, :], mask=ok[:, None], other=0)
     e = tl.load(KV32 + scl[:, None] + tl.arange(0, 2)[None, :], mask=ok[:, None], other=0)
+    return x, r, e
+
+
+@triton.jit
+def _gather_sum(IDX, KV32, OUT, K, num_tokens, BLOCK_T: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                PAGE_WORDS: tl.constexpr):
+    b = tl.program_id(0)
+    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tok = tl.load(IDX + b * K + t, mask=t < K, other=-1)
+    x, r, e = _token_words(KV32, tok, num_tokens, PAGE_SIZE, PAGE_WORDS)
     s = tl.sum(tl.sum(x, 1), 0) + tl.sum(tl.sum(r, 1), 0) + tl.sum(tl.sum(e, 1), 0)
     tl.store(OUT + b * tl.num_programs(1) + tl.program_id(1), s)
 
@@ -60,15 +67,7 @@ def _gather_loop(IDX, KV32, OUT, n_chunks, num_tokens, CHUNK_T: tl.constexpr, PA
     acc = tl.zeros([CHUNK_T], tl.int32)
     for c in range(p, n_chunks, tl.num_programs(0)):
         t = c * CHUNK_T + tl.arange(0, CHUNK_T)
-        tok = tl.load(IDX + t)
-        ok = (tok >= 0) & (tok < num_tokens)
-        safe = tl.where(ok, tok, 0).to(tl.int64)
-        base = (safe // PAGE_SIZE) * PAGE_WORDS
-        data = base + (safe % PAGE_SIZE) * 144
-        scl = base + PAGE_SIZE * 144 + (safe % PAGE_SIZE) * 2
-        x = tl.load(KV32 + data[:, None] + tl.arange(0, 128)[None, :], mask=ok[:, None], other=0)
-        r = tl.load(KV32 + data[:, None] + 128 + tl.arange(0, 16)[None, :], mask=ok[:, None], other=0)
-        e = tl.load(KV32 + scl[:, None] + tl.arange(0, 2)[None, :], mask=ok[:, None], other=0)
+        x, r, e = _token_words(KV32, tl.load(IDX + t), num_tokens, PAGE_SIZE, PAGE_WORDS)
         acc += tl.sum(x, 1) + tl.sum(r, 1) + tl.sum(e, 1)
     tl.store(OUT + p, tl.sum(acc, 0))
 
