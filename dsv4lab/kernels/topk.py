@@ -74,18 +74,13 @@ class TopkLaunch:
     chunk program holds ``tile / S`` positions at once, and the row's S*k candidates are selected
     among the same way (a tile of min(``tile``, S*k rounded up to a power of two)). ``merge``
     (S > 1): "fused", the row's last chunk program to finish does that in the chunk launch (one
-    launch in all); "launch", a second launch of B programs does it. ``keep`` (fused merge): each chunk passes on its top
-    min(k, keep * ceil(k / S)) instead of its top k (0: k). A chunk then may hold back positions
-    the row's top-k needs; the merge checks its choice against a bound each chunk leaves, and
-    when it cannot vouch for it (a chunk holding more than its kept share of the row's top-k) it
-    selects over the whole row itself: exact either way, slower on such rows."""
+    launch in all); "launch", a second launch of B programs does it."""
     tile: int = 8192
     radix: int = 5
     num_warps: int = 8
     anchor: int = 12
     split: int | None = None
     merge: str = "fused"
-    keep: int = 0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -187,70 +182,53 @@ def _store(out, aux, row, sel, slot, pos, start, STAGE: tl.constexpr):
 
 
 @triton.jit
-def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, BOUND, width, k, keep, stride_xb, stride_ob, stride_fb,
-                 num_pages, stride_pb, TILE: tl.constexpr, RADIX: tl.constexpr, OUT_BLOCK: tl.constexpr,
+def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, stride_ob, stride_fb, num_pages, stride_pb,
+                 TILE: tl.constexpr, RADIX: tl.constexpr, OUT_BLOCK: tl.constexpr,
                  ANCHOR: tl.constexpr = 12, STAGE: tl.constexpr = 0, GUARD: tl.constexpr = False,
-                 PAGE: tl.constexpr = 64, MERGE_TILE: tl.constexpr = 32, CHUNKS: tl.constexpr = 1,
-                 ROW_TILE: tl.constexpr = 32, HOLD_BACK: tl.constexpr = False):
+                 PAGE: tl.constexpr = 64, MERGE_TILE: tl.constexpr = 32):
     """STAGE 0: the top-k of row b's live prefix. STAGE 1 (grid (B, S)): the top-k of chunk s of
     it, written as k candidates (positions to OUT, logits to AUX: [B, S*k], chunk s at s*k, -1 /
     -inf padded). STAGE 2: the top-k of a row's S*k candidates (X), emitted as the positions AUX
-    holds for them. STAGE 3 (S = CHUNKS): stage 1 with ``keep`` candidates a chunk instead of k, then
-    the row's last chunk to finish (a ticket from the row's counter CNT[b]) runs stage 2 on the
-    row's S*keep candidates into FINAL, in tiles of MERGE_TILE. With keep < k (HOLD_BACK) a chunk may hold back
-    positions the row needs: each chunk writes to BOUND[b, s] a key no held-back position exceeds
-    (0: none held back), and when the merge's choice does not lie above all of them it selects over
-    the whole row itself, in tiles of ROW_TILE. GUARD (stages 0, 1, 3): seq_lens[b] is checked and cut as the indexer's
-    contract says (common.live_length) and flagged in the error word ERR."""
+    holds for them. STAGE 3: stage 1, then the row's last chunk to finish (a ticket from the row's
+    counter CNT[b]) runs stage 2 on the row's candidates into FINAL, in tiles of MERGE_TILE.
+    GUARD (stages 0, 1, 3): seq_lens[b] is checked and cut as the indexer's contract says
+    (common.live_length) and flagged in the error word ERR."""
     b = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     offs = tl.arange(0, TILE)
     start = 0
     if STAGE == 2:
         n = width                                                      # every candidate (padding is -inf)
-        n_row = n
         aux = AUX + b * stride_xb
     else:
         n = tl.minimum(tl.maximum(tl.load(SEQ + b), 0), width)
-        n_row = n
-        aux = AUX + b * stride_ob + s * keep
+        aux = AUX + b * stride_ob + s * k
         if STAGE % 2 == 1:
             chunk = (n + tl.num_programs(1) - 1) // tl.num_programs(1)
             start = s * chunk
             n = tl.maximum(tl.minimum(n - start, chunk), 0)
     row = X + b * stride_xb + start
-    out = OUT + b * stride_ob + s * keep
+    out = OUT + b * stride_ob + s * k
     key0 = _load_keys(row, 0, offs, n)                                 # the first tile stays in registers
     if GUARD:
         # the cut needs the row's live page ids: the first tile's load does not wait for it
         cut, flags = live_length(SEQ, PT, b, width, num_pages, stride_pb, PAGE, 1024)
         n = tl.maximum(tl.minimum(n, cut - start), 0)
-        n_row = tl.minimum(n_row, cut)
         key0 = tl.where(offs < n, key0, 0)
         tl.atomic_or(ERR, flags, mask=(flags != 0) & (s == 0))
     if STAGE == 3:
-        _, bound, _ = _select(row, out, aux, n, key0, keep, start, TILE, RADIX, OUT_BLOCK, ANCHOR, 1)
-        if HOLD_BACK:
-            tl.store(BOUND + b * CHUNKS + s, bound.to(tl.int32, bitcast=True))
+        _select(row, out, aux, n, key0, k, start, TILE, RADIX, OUT_BLOCK, ANCHOR, 1)
         # every thread's candidate stores before the ticket's release (barrier + acq_rel atomic);
         # the last ticket resets the counter, so a CUDA graph replays from zero
         tl.debug_barrier()
         ticket = tl.atomic_add(CNT + b, 1, sem="acq_rel", scope="gpu")
         if ticket == tl.num_programs(1) - 1:
             tl.atomic_xchg(CNT + b, 0, sem="relaxed", scope="gpu")
-            m = tl.num_programs(1) * keep
+            m = tl.num_programs(1) * k
             vals = AUX + b * stride_ob
             mkey = _load_keys(vals, 0, tl.arange(0, MERGE_TILE), m)
-            taken, _, least = _select(vals, FINAL + b * stride_fb, OUT + b * stride_ob, m, mkey, k, 0, MERGE_TILE, RADIX,
-                                   OUT_BLOCK, ANCHOR, 2)
-            if HOLD_BACK:
-                held = tl.max(tl.load(BOUND + b * CHUNKS + tl.arange(0, CHUNKS)).to(tl.uint32, bitcast=True), 0)
-                # the choice stands when nothing was held back, or it is k keys all above what was
-                if (held != 0) & ((taken < k) | (least <= held)):
-                    # in tiles of the one-launch path's: at one program an SM (split_for) registers are free
-                    row = X + b * stride_xb
-                    key = _load_keys(row, 0, tl.arange(0, ROW_TILE), n_row)
-                    _select(row, FINAL + b * stride_fb, aux, n_row, key, k, 0, ROW_TILE, RADIX, OUT_BLOCK, ANCHOR, 0)
+            _select(vals, FINAL + b * stride_fb, OUT + b * stride_ob, m, mkey, k, 0, MERGE_TILE, RADIX, OUT_BLOCK,
+                    ANCHOR, 2)
     else:
         _select(row, out, aux, n, key0, k, start, TILE, RADIX, OUT_BLOCK, ANCHOR, STAGE)
 
@@ -259,9 +237,7 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, BOUND, width, k, keep, s
 def _select(row, out, aux, n, key0, k, start, TILE: tl.constexpr, RADIX: tl.constexpr, OUT_BLOCK: tl.constexpr,
             ANCHOR: tl.constexpr, STAGE: tl.constexpr):
     """The top-k of the n keys at ``row`` (``key0``: its first tile's keys), stored as ``STAGE``
-    says (_store), then the -1 (and, stage 1, -inf) padding of the k output slots. Returns how
-    many were stored and a key bound: the threshold's prefix, which every chosen key is at or above,
-    and, below it, the largest key a key left out can have (0: none left out)."""
+    says (_store), then the -1 (and, stage 1, -inf) padding of the k output slots."""
     offs = tl.arange(0, TILE)
     NB: tl.constexpr = 1 << RADIX
     bins = tl.arange(0, NB)
@@ -279,7 +255,6 @@ def _select(row, out, aux, n, key0, k, start, TILE: tl.constexpr, RADIX: tl.cons
         h = _anchor_hist(key0, base, SH, NB)
         for c in range(TILE, n, TILE):
             h += _anchor_hist(_load_keys(row, c, offs, n), base, SH, NB)
-        valid = tl.sum(h, 0)
         d, above, in_d, k_rem = _select_digit(h, bins, k_rem)
         hit = d > 0                        # the lowest bucket holds every lower prefix: start from the top
         prefix = tl.where(hit, (base + d).to(tl.uint32) << SH, prefix)      # shifted unsigned: no overflow
@@ -306,13 +281,6 @@ def _select(row, out, aux, n, key0, k, start, TILE: tl.constexpr, RADIX: tl.cons
         tl.store(out + c + o, tl.full([OUT_BLOCK], -1, tl.int32), mask=pad)
         if STAGE == 1:
             tl.store(aux + c + o, tl.full([OUT_BLOCK], float("-inf"), tl.float32), mask=pad)
-    if ANCHOR == 0:
-        valid = tl.sum((key0 != 0).to(tl.int32), 0)
-        for c in range(TILE, n, TILE):
-            valid += tl.sum((_load_keys(row, c, offs, n) != 0).to(tl.int32), 0)
-    # left out: keys below a threshold bucket taken whole (lo > 0), or ties at the threshold (lo 0)
-    left_out = tl.where(lo > 0, prefix.to(tl.int64) - 1, prefix.to(tl.int64))
-    return taken, tl.where(valid > k, tl.maximum(left_out, 0), 0).to(tl.uint32), prefix
 
 
 def split_for(B: int, width: int, k: int, sm_count: int, tile: int = 8192, most: int = 4) -> int:
@@ -360,40 +328,39 @@ def select(logits, seq_lens, k: int, launch: TopkLaunch, pages=None) -> torch.Te
     B, width = logits.shape
     guard = pages is not None
     table, num_pages, page_size = pages if guard else (seq_lens, 0, 64)
-    S, keep, single, chunks, merge = _topk_args(launch, B, width, k, page_size, guard)
+    S, single, chunks, merge = _topk_args(launch, B, width, k, page_size, guard)
     out = alloc((B, k), torch.int32, logits.device)
     if B == 0:
         return out
     err = errors.word(logits.device) if guard else seq_lens
     pt_stride = table.stride(0) if guard else 0
     if S == 1:
-        launch_kernel(_topk_kernel, (B, 1), (logits, seq_lens, out, out, table, err, out, seq_lens, seq_lens),
-                      (width, k, k, logits.stride(0), k, 0, num_pages, pt_stride), single)
+        launch_kernel(_topk_kernel, (B, 1), (logits, seq_lens, out, out, table, err, out, seq_lens),
+                      (width, k, logits.stride(0), k, 0, num_pages, pt_stride), single)
         return out
-    # the chunks' candidates, ``keep`` a chunk, kept per shape (common.reused)
-    pos = common.reused("topk.pos", (B, S * keep), torch.int32, logits.device)
-    val = common.reused("topk.val", (B, S * keep), torch.float32, logits.device)
-    # OUT / AUX rows of the chunks are pos / val rows (S*keep wide, made contiguous by reused), and
-    # the answer's rows are k wide (alloc): strides from the shapes, not stride() calls on every call
+    # the chunks' candidates, kept per shape (common.reused)
+    pos = common.reused("topk.pos", (B, S * k), torch.int32, logits.device)
+    val = common.reused("topk.val", (B, S * k), torch.float32, logits.device)
+    # OUT / AUX rows of the chunks are pos / val rows (S*k wide, made contiguous by reused), and the
+    # answer's rows are k wide (alloc): strides from the shapes, not stride() calls on every call
     if launch.merge == "fused":
         # the rows' ticket counters: zero when made, and back to zero after every launch
         count = common.reused("topk.count", (B,), torch.int32, logits.device, poison=False, zeroed=True)
-        bound = common.reused("topk.bound", (B, S), torch.int32, logits.device) if keep < k else seq_lens
-        launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err, out, count, bound),
-                      (width, k, keep, logits.stride(0), S * keep, k, num_pages, pt_stride), chunks)
+        launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err, out, count),
+                      (width, k, logits.stride(0), S * k, k, num_pages, pt_stride), chunks)
         return out
-    launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err, out, seq_lens, seq_lens),
-                  (width, k, k, logits.stride(0), S * k, 0, num_pages, pt_stride), chunks)
-    launch_kernel(_topk_kernel, (B, 1), (val, seq_lens, out, pos, table, err, out, seq_lens, seq_lens),
-                  (S * k, k, k, S * k, k, 0, num_pages, 0), merge)
+    launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err, out, seq_lens),
+                  (width, k, logits.stride(0), S * k, 0, num_pages, pt_stride), chunks)
+    launch_kernel(_topk_kernel, (B, 1), (val, seq_lens, out, pos, table, err, out, seq_lens),
+                  (S * k, k, S * k, k, 0, num_pages, 0), merge)
     return out
 
 
 @functools.lru_cache(maxsize=1024)
 def _topk_args(launch: TopkLaunch, B, width, k, page_size, guard):
-    """(S, the candidates a chunk keeps, constexprs and options of the one-launch path, of the
-    chunks and of the merge) for a shape, after checking ``launch``: shapes and options
-    only, decided once per shape rather than on every eager call."""
+    """(S, constexprs and options of the one-launch path, of the chunks and of the merge) for a
+    shape, after checking ``launch``: shapes and options only, decided once per shape rather than
+    on every eager call."""
     if launch.tile & (launch.tile - 1) or not 32 <= launch.tile <= 32768 or launch.radix not in (5, 6, 7, 8) \
             or not 0 <= launch.anchor <= 16:
         raise ValueError(f"tile must be a power of two in [32, 32768], radix in 5..8 and anchor in 0..16, got {launch}")
@@ -402,15 +369,10 @@ def _topk_args(launch: TopkLaunch, B, width, k, page_size, guard):
         raise ValueError(f"split must be a power of two in [1, tile / 32 = {launch.tile // 32}], got {S}")
     if launch.merge not in ("launch", "fused"):
         raise ValueError(f"merge must be 'launch' or 'fused', got {launch.merge!r}")
-    if isinstance(launch.keep, bool) or not isinstance(launch.keep, int) or launch.keep < 0 \
-            or (launch.keep and launch.merge != "fused"):
-        raise ValueError(f"keep must be an int >= 0, and 0 unless merge is 'fused', got {launch}")
-    keep = min(k, launch.keep * -(-k // S)) if launch.keep else k
     opts = dict(RADIX=launch.radix, OUT_BLOCK=min(OUT_BLOCK, next_power_of_2(k)), ANCHOR=launch.anchor,
                 PAGE=page_size, num_warps=launch.num_warps)
+    merge_tile = min(launch.tile, next_power_of_2(S * k))
     fused = launch.merge == "fused"
-    merge_tile = min(launch.tile, next_power_of_2(S * (keep if fused else k)))
-    return (S, keep, dict(opts, TILE=launch.tile, STAGE=0, GUARD=guard),
-            dict(opts, TILE=launch.tile // S, STAGE=3 if fused else 1, GUARD=guard, MERGE_TILE=merge_tile, CHUNKS=S,
-                 ROW_TILE=launch.tile, HOLD_BACK=keep < k),
+    return (S, dict(opts, TILE=launch.tile, STAGE=0, GUARD=guard),
+            dict(opts, TILE=launch.tile // S, STAGE=3 if fused else 1, GUARD=guard, MERGE_TILE=merge_tile),
             dict(opts, TILE=merge_tile, STAGE=2))
