@@ -78,7 +78,7 @@ def main(argv=None):
     pb = sub.add_parser("bench", help="time kernels (GPU)")
     bsub = pb.add_subparsers(dest="what", required=True)
     pd_ = bsub.add_parser("decode", help="sparse decode: time vs B, bytes, FLOP/s")
-    pd_.add_argument("--impl", nargs="+", default=["simt", "sglang", "mma", "splitk", "auto"], type=_impl,
+    pd_.add_argument("--impl", nargs="+", default=["simt", "sglang", "mma", "splitk", "splitk_auto", "auto"], type=_impl,
                      help="first one is the baseline for speedups")
     pd_.add_argument("--batch", nargs="+", type=_count(1), default=[1, 4, 16, 32, 64, 128])
     pd_.add_argument("--heads", type=_count(1), default=64)

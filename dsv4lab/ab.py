@@ -166,7 +166,7 @@ def time_variants(variants: dict, inp, smoke: bool) -> dict:
 
 
 def split_plans(B: int, H: int, K: int) -> list:
-    """The split launches (NSPLIT > 1) impls splitk and auto take for the shape (planning.Plan), once each."""
+    """The split launches (NSPLIT > 1) impls splitk and splitk_auto take for the shape (planning.Plan), once each."""
     from . import planning
     found = {}
     for p in (planning.choose_split(B, H, K), planning.choose(B, H, K)):

@@ -151,7 +151,8 @@ def impl_launch(impl: str, B: int, H: int, K: int):
     from .kernels import head_batched, split_k
     from .planning import STORY_TILES, Launch
     return {"mma_story": lambda: Launch(STORY_TILES), "mma": lambda: head_batched.mma_launch(B, H, K),
-            "splitk": lambda: split_k.splitk_launch(B, H, K), "auto": lambda: split_k.auto_launch(B, H, K)}[impl]()
+            "splitk": lambda: split_k.splitk_launch(B, H, K),
+            "splitk_auto": lambda: split_k.auto_launch(B, H, K)}[impl]()
 
 
 def decode_row(impl, inp, *, graph=True, eager=True, baseline_us=None, layer_inputs=None,
@@ -248,7 +249,7 @@ def decode_table(impls, batches, *, H=64, K=512, context=8192, page_size=64, bas
     """Time ``impls`` at each batch size on the campaign's inputs (request b owns ``context``
     tokens of one paged cache, seed = B); one row per (impl, B), errors recorded, not raised.
     ``baseline`` (an impl in ``impls``, timed before the others) sets speedup_vs_baseline;
-    ``auto`` rows also carry the plan it picked. ``layers`` > 1: also the time per call inside
+    ``splitk_auto`` rows also carry the plan it picked, ``auto`` rows the impl it ran. ``layers`` > 1: also the time per call inside
     a graph of that many calls on copies of the inputs (decode_row). `record`, the CLI and the
     notebooks share this."""
     from .testing import make_decode_inputs
@@ -266,8 +267,11 @@ def decode_table(impls, batches, *, H=64, K=512, context=8192, page_size=64, bas
             if impl == baseline:
                 base = row.get("graph_us", row.get("eager_us"))
                 base_layer = row.get("graph_layer_us")
-            if impl in ("mma_story", "mma", "splitk", "auto"):
+            if impl in ("mma_story", "mma", "splitk", "splitk_auto"):
                 row["launch"] = impl_launch(impl, B, H, K).as_dict()
+            elif impl == "auto":
+                from .kernels import auto
+                row["ran"] = auto.chosen(B, H)
             rows.append(row)
             if log:
                 log(row)
@@ -286,7 +290,7 @@ def environment() -> dict:
          "torch": torch.__version__, "triton": triton.__version__,
          "tile_table": {f"{k[0]}/{k[1]}": vars(v) for k, v in planning.TILE_TABLE.items()},
          "launches": {f"{impl} B={B}": impl_launch(impl, B, 64, 512).as_dict()
-                      for impl in ("mma_story", "mma", "splitk", "auto") for B in (1, 32)} if mode() != "compile" else None}
+                      for impl in ("mma_story", "mma", "splitk", "splitk_auto") for B in (1, 32)} if mode() != "compile" else None}
     try:
         from .kernels import sglang_peer
         sglang_peer.sglang_file()

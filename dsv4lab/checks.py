@@ -12,8 +12,8 @@ from .cache import scale_view
 from .kernels import head_batched
 from .testing import (LSE_TOL, OUT_TOL, VS_SIMT_TOL, check_decode, make_decode_inputs, poisoned, rel_err)
 
-DECODE_IMPLS = ["simt", "sglang", "mma_story", "mma", "splitk", "auto"]
-TENSOR_CORE_IMPLS = ["mma_story", "mma", "splitk", "auto"]
+DECODE_IMPLS = ["simt", "sglang", "mma_story", "mma", "splitk", "splitk_auto", "auto"]
+TENSOR_CORE_IMPLS = ["mma_story", "mma", "splitk", "splitk_auto", "auto"]
 
 # (B, H, K, context, page_size, pad_frac, topk_len, sink): odd sizes on purpose
 CHECK_CASES = [

@@ -7,7 +7,7 @@ may look at data. Three pieces:
   program: the KV tile is gathered once for all heads) and "split" (16 heads: 4x the programs,
   for small batches), with the loop the kernel runs and two measured costs.
 * :func:`model_us`, a launch-time model fitted to the recorded sweep, and :func:`plans` /
-  :func:`choose`, which pick tiles and NSPLIT for ``auto`` by it.
+  :func:`choose`, which pick tiles and NSPLIT for ``splitk_auto`` by it.
 * :class:`Launch`, the frozen options object a launcher takes: the tiles, NSPLIT and the
   choices that are not tiles (fp8 dequant, folded softmax scale, partials' dtype, PDL).
   Defaults come from the table and the device; an A/B study builds its own with
@@ -177,7 +177,7 @@ def plans(B: int, H: int, K: int, *, sms: int | None = None, cfgs=None, partials
 
 
 def choose(B: int, H: int, K: int, *, sms: int | None = None, cfgs=None) -> Plan:
-    """The modeled-fastest plan (``auto``)."""
+    """The modeled-fastest plan (``splitk_auto``)."""
     return min(plans(B, H, K, sms=sms, cfgs=cfgs), key=lambda p: (p.model_us, p.nsplit))
 
 

@@ -20,7 +20,7 @@ from .device import ceilings, mode
 from .testing import INDEXER_TOL, check_indexer, indexer_tol, make_indexer_inputs, rel_err
 
 BATCHES = [1, 2, 4, 8, 16, 32, 64, 128]
-DECODE_IMPLS = ["sglang", "simt", "mma_story", "mma", "splitk", "auto"]
+DECODE_IMPLS = ["sglang", "simt", "mma_story", "mma", "splitk", "splitk_auto", "auto"]
 
 
 def _log(*a):
@@ -61,7 +61,7 @@ def run_tiles(batches=(1, 8, 32, 128)) -> list[dict]:
 def run_split(batches=BATCHES) -> list[dict]:
     """NSPLIT x B for the table's 64-head entry and the two 16-head configs fastest at B=1 in the
     tile sweep (without a tile sweep: the table's two entries); costs fitted to the B=1 rows, the
-    faster 16-head config becomes the "split" entry; each row says whether auto's model, with the
+    faster 16-head config becomes the "split" entry; each row says whether splitk_auto's model, with the
     fitted figures, picks it."""
     key = planning.device_key()
     tiles = [r for r in _SWEPT.get("tiles", []) if "error" not in r and r["out_err"] <= checks.OUT_TOL]
@@ -73,7 +73,7 @@ def run_split(batches=BATCHES) -> list[dict]:
     fitted = [sweeps.fit_costs(rows, c) for c in cands]
     planning.TILE_TABLE[(key, "mma")] = fitted[0]
     planning.TILE_TABLE[(key, "split")] = min(fitted[1:], key=lambda c: sweeps.best_at(rows, c))
-    for r in rows:                                 # what auto's model picks, with the fitted figures
+    for r in rows:                                 # what splitk_auto's model picks, with the fitted figures
         p = planning.choose(r["B"], 64, 512)
         r["model_choice"] = r["nsplit"] == p.nsplit and sweeps.ran(r, p.cfg)
     _log("fitted", fitted)

@@ -16,7 +16,7 @@ with the kernel-time profile shifting stage by stage and the throughput moving w
 
 Stages are cumulative (:data:`STAGES`): S0 the story's start (SGLang's SIMT decode kernel, the
 indexer's torch fallback with an fp32 bmm over the max context, fp32 mHC pre-linear), S1 the
-head-batched MMA kernel as the story built it (BLOCK_H 32), S2 split-K (``auto``), S3 bf16 GEMMs
+head-batched MMA kernel as the story built it (BLOCK_H 32), S2 split-K (``splitk_auto``), S3 bf16 GEMMs
 for the indexer and mHC, S4 the Triton indexer; variants: "S1 best" (the lab's tuned MMA
 kernel) and the story's "cap the context to 8192" on S0 and S3.
 
@@ -55,18 +55,18 @@ STAGES = (
           decode_impl="sglang", indexer_impl="torch_fp32", mhc_gemm="float32"),
     Stage("S1", "head-batched MMA decode as the story built it (BLOCK_H 32)",
           decode_impl="mma_story", indexer_impl="torch_fp32", mhc_gemm="float32"),
-    Stage("S2", "split-K decode (auto: tiles and NSPLIT per shape)",
-          decode_impl="auto", indexer_impl="torch_fp32", mhc_gemm="float32"),
+    Stage("S2", "split-K decode (splitk_auto: tiles and NSPLIT per shape)",
+          decode_impl="splitk_auto", indexer_impl="torch_fp32", mhc_gemm="float32"),
     Stage("S3", "bf16 GEMMs for the indexer and the mHC pre-linear",
-          decode_impl="auto", indexer_impl="torch_bf16", mhc_gemm="bfloat16"),
+          decode_impl="splitk_auto", indexer_impl="torch_bf16", mhc_gemm="bfloat16"),
     Stage("S4", "the Triton indexer: work follows the live context",
-          decode_impl="auto", indexer_impl="triton", mhc_gemm="bfloat16"),
+          decode_impl="splitk_auto", indexer_impl="triton", mhc_gemm="bfloat16"),
     Stage("S1best", "variant of S1: the lab's tuned head-batched kernel (mma)",
           decode_impl="mma", indexer_impl="torch_fp32", mhc_gemm="float32"),
     Stage("S0cap", "variant of S0: the story's 'cap the context to 8192'",
           decode_impl="sglang", indexer_impl="torch_fp32", mhc_gemm="float32", max_context=8192),
     Stage("S3cap", "variant of S3: context capped to 8192",
-          decode_impl="auto", indexer_impl="torch_bf16", mhc_gemm="bfloat16", max_context=8192),
+          decode_impl="splitk_auto", indexer_impl="torch_bf16", mhc_gemm="bfloat16", max_context=8192),
 )
 STAGE_BY_NAME = {s.name: s for s in STAGES}
 #: (before, after) pairs that get the story's before/after table
@@ -77,7 +77,7 @@ CONCURRENCY = (1, 16, 32, 64)
 PROFILE_BATCH = 32            # the story's steady-state batch
 CONCURRENCY_CPU = (1, 2)
 PROFILE_BATCH_CPU = 2
-ISOLATED_IMPLS = ("sglang", "mma_story", "mma", "auto")
+ISOLATED_IMPLS = ("sglang", "mma_story", "mma", "splitk_auto")
 #: the lesson's compile modes, least to most likely to clash with an outer capture
 COMPILE_VARIANTS = ("default", "reduce-overhead", "default, first call inside the capture")
 #: ratio-4 layer counts for S0's glue scaling (the other compressed layers ratio 128)

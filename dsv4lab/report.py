@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import runs
 
-DECODE_IMPLS = ("sglang", "simt", "mma_story", "mma", "splitk", "auto")
+DECODE_IMPLS = ("sglang", "simt", "mma_story", "mma", "splitk", "splitk_auto", "auto")
 
 
 def _fmt(v, digits=1):
@@ -30,29 +30,31 @@ def run_line(part: str = "decode", run: str = "h200") -> str:
 
 
 def decode_table(run: str = "h200") -> str:
-    """Time per call (us, one-call CUDA graph) of every decode impl in the recorded run, auto's
-    speedup over SGLang's kernel, auto per call inside a graph of 8 calls, and auto called eagerly
-    back to back (bench.back_to_back_us: the host's issue time included) where the run has it."""
+    """Time per call (us, one-call CUDA graph) of every decode impl in the recorded run, the lab's
+    pick's speedup over SGLang's kernel (``auto`` where the run has it, else ``splitk_auto``), the
+    pick per call inside a graph of 8 calls, and the pick called eagerly back to back
+    (bench.back_to_back_us: the host's issue time included) where the run has it."""
     df = runs.table("decode", run)
     df = df[df["graph_us"].notna()] if "graph_us" in df else df
     impls = [i for i in DECODE_IMPLS if i in set(df.impl)]
+    lead = "auto" if "auto" in impls else "splitk_auto"
     t = df.pivot_table(index="B", columns="impl", values="graph_us")
     layer = df.pivot_table(index="B", columns="impl", values="graph_layer_us") if "graph_layer_us" in df else None
-    head = ["B", *impls, "auto vs sglang"]
-    has_layer = layer is not None and "auto" in layer
+    head = ["B", *impls, f"{lead} vs sglang"]
+    has_layer = layer is not None and lead in layer
     if has_layer:
-        head += ["auto, 8-call graph", "vs sglang, same"]
-    eager = (df[df.impl == "auto"].groupby("B")["back_to_back_us"].median()
-             if "back_to_back_us" in df and df.loc[df.impl == "auto", "back_to_back_us"].notna().any() else None)
+        head += [f"{lead}, 8-call graph", "vs sglang, same"]
+    eager = (df[df.impl == lead].groupby("B")["back_to_back_us"].median()
+             if "back_to_back_us" in df and df.loc[df.impl == lead, "back_to_back_us"].notna().any() else None)
     if eager is not None:
-        head += ["auto, eager back to back"]
+        head += [f"{lead}, eager back to back"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for B, r in t.iterrows():
         cells = [str(int(B)), *(_fmt(r.get(i)) for i in impls)]
-        cells.append(f"{r['sglang'] / r['auto']:.0f}x" if {"sglang", "auto"} <= set(r.index) else "-")
+        cells.append(f"{r['sglang'] / r[lead]:.0f}x" if {"sglang", lead} <= set(r.index) else "-")
         if has_layer:
             lr = layer.loc[B]
-            cells += [_fmt(lr.get("auto")), f"{lr['sglang'] / lr['auto']:.0f}x" if "sglang" in lr else "-"]
+            cells += [_fmt(lr.get(lead)), f"{lr['sglang'] / lr[lead]:.0f}x" if "sglang" in lr else "-"]
         if eager is not None:
             cells.append(_fmt(eager.get(B)))
         lines.append("| " + " | ".join(cells) + " |")
@@ -276,14 +278,15 @@ def story_vs_lab_table(run: str = "h200") -> "pd.DataFrame":
     story_alone = i32.loc[("mma_story", "ratio 4")].us_per_call if ("mma_story", "ratio 4") in i32.index else None
     sg_alone = i32.loc[("sglang", "ratio 4")].us_per_call if ("sglang", "ratio 4") in i32.index else None
     lab_alone = (f"SGLang's kernel {t.loc[B, 'sglang']:.0f} us per call; the lab's mma {t.loc[B, 'mma']:.1f} "
-                 f"({t.loc[B, 'sglang'] / t.loc[B, 'mma']:.0f}x), auto {t.loc[B, 'auto']:.1f} "
-                 f"({t.loc[B, 'sglang'] / t.loc[B, 'auto']:.0f}x)")
+                 f"({t.loc[B, 'sglang'] / t.loc[B, 'mma']:.0f}x), splitk_auto {t.loc[B, 'splitk_auto']:.1f} "
+                 f"({t.loc[B, 'sglang'] / t.loc[B, 'splitk_auto']:.0f}x)")
     if story_alone and sg_alone:
         lab_alone += (f"; the story's kernel {story_alone:.0f} us vs SGLang's {sg_alone:.0f} in the replay's "
                       f"ratio-4 call ({sg_alone / story_alone:.0f}x)")
     beyond = "-"
     if hop is not None and B in hop.index:
-        beyond = f"hopper {hop.loc[B, 'hopper']:.1f} us at B = {B} vs auto {hop.loc[B, 'auto']:.1f} (same run)"
+        beyond = (f"hopper {hop.loc[B, 'hopper']:.1f} us at B = {B} vs splitk_auto {hop.loc[B, 'splitk_auto']:.1f} "
+                  f"(same run)")
         big = max(hop.index)
         if "mma" in hop and big != B:
             beyond += f"; B = {big}: {hop.loc[big, 'hopper']:.1f} vs mma {hop.loc[big, 'mma']:.1f} us"
@@ -293,7 +296,7 @@ def story_vs_lab_table(run: str = "h200") -> "pd.DataFrame":
         f"the story measured its kernels inside its server only; here every kernel on the same rows, "
         f"{here}; the story's first MMA kernel (BLOCK_H {STORY_TILES.block_h}, no prefetch, no split) is not the "
         f"lab's tuned one",
-        None, _x(t.loc[B, "sglang"], t.loc[B, "auto"]), beyond)
+        None, _x(t.loc[B, "sglang"], t.loc[B, "splitk_auto"]), beyond)
     for cat, extra in ((profile.DECODE, ""), (profile.FP32_GEMM, "; both: its ms unchanged, its share grew with "
                                                                   "the smaller total"),
                        (profile.GLUE, "; both: the indexer's fallback over the max context"), (profile.MOE, "")):
@@ -341,9 +344,9 @@ def story_vs_lab_table(run: str = "h200") -> "pd.DataFrame":
     # -- the other published figures (story_facts) -----------------------------------------------------
     grp = "other published figures"
     ch = runs.table("checks", run)
-    tc = ch[ch.impl.isin(["mma", "splitk", "auto"])].vs_simt_err.dropna()
+    tc = ch[ch.impl.isin(["mma", "splitk", "splitk_auto"])].vs_simt_err.dropna()
     add(grp, "MMA vs SIMT kernel, relative error", runs.story_fact("MMA vs SIMT kernel rel. error"),
-        f"<= {tc.max():.1e} (mma, splitk, auto vs the lab's SIMT kernel, {tc.size} checks)",
+        f"<= {tc.max():.1e} (mma, splitk, splitk_auto vs the lab's SIMT kernel, {tc.size} checks)",
         "recorded checks: fresh random inputs, odd sizes, padding, sinks",
         "story: its MMA kernel against SGLang's on its GPU; here the lab's tensor-core kernels against its SIMT "
         "kernel (both also checked against a float64 reference)",
@@ -392,7 +395,7 @@ def story_vs_lab_table(run: str = "h200") -> "pd.DataFrame":
 
 
 #: the recorded run of the Hopper kernel the tables read (experiments/hopper_decode)
-HOPPER_RUN = "h200_run4"
+HOPPER_RUN = "h200_run5"
 
 
 def _hopper_times():
@@ -401,11 +404,21 @@ def _hopper_times():
         d = runs.experiment("hopper_decode", HOPPER_RUN)
     except FileNotFoundError:
         return None
-    import pandas as pd
-    df = pd.DataFrame([r for r in d["rows"] if r.get("kind") == "time"])
+    df = hopper_time_rows(d)
     if df.empty:
         return None
     return df.pivot_table(index="B", columns="impl", values="graph_us")
+
+
+def hopper_time_rows(d: dict):
+    """The timing rows of a recorded hopper_decode run as a DataFrame. Runs recorded before ``auto``
+    became the dispatcher (kernels/auto.py) name the split-K kernel ``auto``: it is ``splitk_auto``
+    now, and is renamed so."""
+    import pandas as pd
+    df = pd.DataFrame([r for r in d["rows"] if r.get("kind") == "time"])
+    if not df.empty and "splitk_auto" not in set(df["impl"]):
+        df["impl"] = df["impl"].replace({"auto": "splitk_auto"})
+    return df
 
 
 def _hopper_check() -> str:

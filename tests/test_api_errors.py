@@ -11,7 +11,7 @@ from dsv4lab.cache import pack_index_k, scale_view
 from dsv4lab.errors import DeviceInputError, Flag
 from dsv4lab.testing import OUT_TOL, make_decode_inputs, rel_err
 
-DECODE_IMPLS = ["simt", "mma_story", "mma", "splitk", "auto", "sglang", "reference"]
+DECODE_IMPLS = ["simt", "mma_story", "mma", "splitk", "splitk_auto", "auto", "sglang", "reference"]
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def _clean_word():
 
 
 def test_impls_lists_all_stages():
-    assert {"reference", "simt", "sglang", "mma", "splitk", "auto"} <= set(dsv4lab.impls())
+    assert {"reference", "simt", "sglang", "mma", "splitk", "splitk_auto", "auto"} <= set(dsv4lab.impls())
 
 
 def test_modes_and_the_older_spelling():

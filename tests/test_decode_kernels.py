@@ -12,7 +12,7 @@ import dsv4lab
 from dsv4lab.testing import (LSE_TOL, OUT_TOL, VS_SIMT_TOL, check_decode, make_decode_inputs,
                              poisoned, rel_err)
 
-IMPLS = ["simt", "mma_story", "mma", "splitk", "auto", "sglang"]
+IMPLS = ["simt", "mma_story", "mma", "splitk", "splitk_auto", "auto", "sglang"]
 
 # (B, H, K, context, page_size, pad_frac, topk_len, sink)
 CASES = [
@@ -33,7 +33,7 @@ def test_matches_reference(impl, B, H, K, ctx, ps, pad, tlen, sink):
     assert e_lse <= LSE_TOL, f"{impl}: lse rel. error {e_lse:.2e} > {LSE_TOL}"
 
 
-@pytest.mark.parametrize("impl", ["mma_story", "mma", "splitk", "auto"])
+@pytest.mark.parametrize("impl", ["mma_story", "mma", "splitk", "splitk_auto"])
 def test_tensor_core_kernels_match_simt(impl):
     inp = make_decode_inputs(2, 16, 48, context=100, pad_frac=0.1, topk_len=True)
     assert check_decode(impl, inp, against="simt")[0] <= VS_SIMT_TOL

@@ -1,5 +1,5 @@
 """impl "hopper", the Gluon kernel for sm_90: on CPU it refuses with a reason and auto never reaches it;
-on the GPU (``pytest -m gpu``) it is judged like every other kernel (float64 reference, poisoned
+where it can run, auto picks it by shape (kernels/auto.py); on the GPU (``pytest -m gpu``) it is judged like every other kernel (float64 reference, poisoned
 outputs, odd shapes, determinism, graph replay)."""
 import math
 from dataclasses import replace
@@ -10,7 +10,7 @@ import torch
 import dsv4lab
 from dsv4lab import api, bench, checks
 from dsv4lab.device import mode
-from dsv4lab.kernels import hopper
+from dsv4lab.kernels import auto, hopper, split_k
 from dsv4lab.testing import LSE_TOL, OUT_TOL, check_decode, make_decode_inputs, poisoned
 
 
@@ -40,17 +40,52 @@ def test_bad_arguments_are_refused_before_the_kernel():
         dsv4lab.sparse_decode(inp.q[..., :256], inp.cache, inp.indices, impl="hopper")
 
 
-def test_auto_never_dispatches_to_hopper(monkeypatch):
-    """auto over its whole range of plans, with the hopper impl and launcher replaced by a tripwire."""
+def test_auto_never_dispatches_to_hopper_where_it_cannot_run(monkeypatch):
+    """auto over its whole range of plans in this process (no sm_90 GPU here), with the hopper impl
+    and launcher replaced by a tripwire."""
+    if auto.hopper_here():
+        pytest.skip("this process runs the Hopper kernel")
     def tripwire(*a, **k):
         raise AssertionError("auto reached the hopper kernel")
     table = api._IMPLS["sparse_decode"]
     monkeypatch.setitem(table, "hopper", replace(table["hopper"], fn=tripwire))
     monkeypatch.setattr(hopper, "launch", tripwire)
-    for B in (1, 3):
-        inp = make_decode_inputs(B, 8, 40, context=64, topk_len=True, sink=True, seed=B)
+    monkeypatch.setattr(hopper, "sparse_decode_hopper", tripwire)
+    for B in (1, 3, 8):
+        inp = make_decode_inputs(B, 64 if B == 8 else 8, 40, context=64, topk_len=True, sink=True, seed=B)
         e_out, e_lse = check_decode("auto", inp)
         assert e_out <= OUT_TOL and e_lse <= LSE_TOL
+
+
+@pytest.mark.parametrize("B,H,want", [(1, 64, "splitk_auto"), (7, 64, "splitk_auto"), (8, 64, "hopper"),
+                                      (128, 64, "hopper"), (4, 128, "hopper"), (3, 128, "splitk_auto"),
+                                      (64, 32, "splitk_auto"), (8, 65, "hopper")])
+def test_auto_rule_on_an_sm90_gpu(B, H, want):
+    """From 8 programs of 64 heads, where the Hopper kernel measured ahead; never below 64 heads."""
+    assert auto.on_hopper(B, H) == want
+
+
+def test_auto_runs_what_its_rule_picks(monkeypatch):
+    """With the Hopper kernel declared runnable, auto hands it exactly the shapes its rule picks,
+    with the checked arguments, and splitk_auto the rest; the scale-byte limit follows the pick."""
+    calls = []
+    def fake_hopper(q, cache, indices, **kw):
+        calls.append((q.shape[0], sorted(kw)))
+        return split_k.sparse_decode_splitk_auto(q, cache, indices, **kw)
+    monkeypatch.setattr(auto, "hopper_here", lambda: True)
+    auto.picks_hopper.cache_clear()
+    monkeypatch.setattr(hopper, "sparse_decode_hopper", fake_hopper)
+    try:
+        for B in (7, 8):
+            inp = make_decode_inputs(B, 64, 40, context=64, topk_len=True, sink=True, seed=B)
+            e_out, e_lse = check_decode("auto", inp)
+            assert e_out <= OUT_TOL and e_lse <= LSE_TOL
+        assert calls == [(8, ["attn_sink", "sm_scale", "topk_len"])]
+        info = api.impl_info("sparse_decode", "auto")
+        assert info.max_scale_byte(8, 64, 512) == hopper.MAX_SCALE_BYTE
+        assert info.max_scale_byte(7, 64, 512) == api.impl_info("sparse_decode", "splitk_auto").max_scale_byte(7, 64, 512)
+    finally:
+        auto.picks_hopper.cache_clear()
 
 
 @pytest.mark.parametrize("B,K,want", [(1, 512, 8), (16, 512, 8), (32, 512, 4), (64, 512, 2), (128, 512, 1),
@@ -122,3 +157,14 @@ def test_bitwise_over_reruns_and_graph_replay(B, runs_at_all):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(res[0], first[0]) and torch.equal(res[1], first[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B", [1, 8, 32])
+def test_auto_on_the_gpu(B, runs_at_all):
+    """auto on this GPU: the Hopper kernel from B = 8 on sm_90, split-K below, judged against the
+    float64 reference either way."""
+    assert auto.chosen(B, 64) == ("hopper" if B >= 8 and auto.hopper_here() else "splitk_auto")
+    inp = make_decode_inputs(B, 64, 512, context=1024, topk_len=True, sink=True, pad_frac=0.1, seed=B)
+    e_out, e_lse = check_decode("auto", inp)
+    assert e_out <= OUT_TOL and e_lse <= LSE_TOL, (e_out, e_lse)

@@ -29,7 +29,7 @@ def _sglang_available():
     return sglang_peer.unavailable_reason() is None
 
 
-DECODE_IMPLS = ["simt", "mma_story", "mma", "splitk", "auto"] + (["sglang"] if _sglang_available() else [])
+DECODE_IMPLS = ["simt", "mma_story", "mma", "splitk", "splitk_auto"] + (["sglang"] if _sglang_available() else [])
 
 
 @st.composite

@@ -14,8 +14,8 @@ def test_stages_are_cumulative_and_distinct():
     s = R.STAGE_BY_NAME
     assert (s["S0"].decode_impl, s["S0"].indexer_impl, s["S0"].mhc_gemm) == ("sglang", "torch_fp32", "float32")
     assert s["S1"].decode_impl == "mma_story" and s["S1best"].decode_impl == "mma"
-    assert s["S2"].decode_impl == "auto" and s["S2"].indexer_impl == "torch_fp32"
-    assert (s["S3"].indexer_impl, s["S3"].mhc_gemm) == ("torch_bf16", "bfloat16") and s["S3"].decode_impl == "auto"
+    assert s["S2"].decode_impl == "splitk_auto" and s["S2"].indexer_impl == "torch_fp32"
+    assert (s["S3"].indexer_impl, s["S3"].mhc_gemm) == ("torch_bf16", "bfloat16") and s["S3"].decode_impl == "splitk_auto"
     assert s["S4"].indexer_impl == "triton" and s["S4"].mhc_gemm == "bfloat16"
     assert s["S0cap"].max_context == s["S3cap"].max_context == 8192
     assert all(x.max_context is None for n, x in s.items() if not n.endswith("cap"))
@@ -125,7 +125,7 @@ def test_write_outputs_takes_a_gpu_run(quick_run, tmp_path):
     the files, on a quick run's results."""
     res = json.loads((quick_run / "reproduce.json").read_text())
     res["isolated_decode"] = [dict(impl="sglang", B=32, call="ratio 4 (K=512)", graph_us=2931.0),
-                              dict(impl="auto", B=32, call="ratio 4 (K=512)", error="RuntimeError: x")]
+                              dict(impl="splitk_auto", B=32, call="ratio 4 (K=512)", error="RuntimeError: x")]
     res["compile_lesson"] = dict(variants=[dict(variant="default", ok=False, error_type="RuntimeError",
                                                 error="operation not permitted when stream is capturing")])
     res["skipped"] = [dict(part="S0", reason="budget")]

@@ -39,7 +39,7 @@ def test_table_loads_rows(part):
 def test_decode_table_columns():
     df = runs.table("decode")
     assert {"impl", "B", "graph_us", "eager_us"} <= set(df.columns)
-    assert {"simt", "sglang", "mma", "splitk", "auto"} <= set(df["impl"])
+    assert {"simt", "sglang", "mma", "splitk", "splitk_auto"} <= set(df["impl"])
 
 
 def test_ceilings_and_provenance():

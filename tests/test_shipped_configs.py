@@ -38,12 +38,12 @@ def test_every_device_entry_runs_here(key, nsplit):
 
 
 def _shipped_launches():
-    """This device's launches for impls mma / splitk / auto at the campaign's batch sizes."""
+    """This device's launches for impls mma / splitk / splitk_auto at the campaign's batch sizes."""
     out = {}
     for B in (1, 4, 16, 32, 64, 128):
         out[f"mma B={B}"] = (B, head_batched.mma_launch(B, 64, 512))
         out[f"splitk B={B}"] = (B, split_k.splitk_launch(B, 64, 512))
-        out[f"auto B={B}"] = (B, split_k.auto_launch(B, 64, 512))
+        out[f"splitk_auto B={B}"] = (B, split_k.auto_launch(B, 64, 512))
     return out
 
 

@@ -1,4 +1,4 @@
-"""auto's rule (planning.plans/choose): depends on shapes only, and picks split-K where the
+"""splitk_auto's rule (planning.plans/choose): depends on shapes only, and picks split-K where the
 grid is too small for the chip and the stage-2 launch where it is full."""
 import pytest
 
@@ -21,7 +21,7 @@ def test_small_batch_splits_large_batch_does_not():
 
 
 def test_model_matches_the_recorded_h200_choices():
-    # the recorded H200 NSPLIT sweep (model_choice) and decode run (auto's plan): 16-head tiles
+    # the recorded H200 NSPLIT sweep (model_choice) and decode run (splitk_auto's plan): 16-head tiles
     # split x8 at B<=4, x4 at 8; 64-head tiles split x4 at B=16/32, x2 at 64, one launch at 128
     picks = {B: (best(B).use, best(B).cfg.block_h, best(B).nsplit) for B in (1, 4, 8, 16, 32, 64, 128)}
     assert picks == {1: ("split", 16, 8), 4: ("split", 16, 8), 8: ("split", 16, 4), 16: ("split", 64, 4),

@@ -7,11 +7,12 @@ import pytest
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from dsv4lab import roofline, runs, widgets  # noqa: E402
+from dsv4lab import report, roofline, runs, widgets  # noqa: E402
 from dsv4lab.config import DSV4_FLASH  # noqa: E402
 
-RUN = runs.experiment_table("hopper_decode", "h200_run1")
-TIMES = RUN[RUN.kind == "time"].astype({"B": int})
+# the run the notebook reads, and run 1, whose split-K rows still carry their old name (auto)
+TIMES = report.hopper_time_rows(runs.experiment("hopper_decode", report.HOPPER_RUN)).astype({"B": int})
+OLD = report.hopper_time_rows(runs.experiment("hopper_decode", "h200_run1")).astype({"B": int})
 CEIL = runs.ceilings()
 BUDGET = roofline.hopper_tile_budget()
 
@@ -34,6 +35,13 @@ def test_hopper_batch_view_every_batch(B, no_show, capsys):
     assert len(no_show) == 1
     out = capsys.readouterr().out
     assert f"B = {B}: hopper" in out and "within tolerance" in out
+    assert f"auto runs {'hopper' if B >= 8 else 'splitk_auto'} there" in out
+
+
+def test_old_runs_name_the_split_k_kernel_as_it_is_named_now(no_show, capsys):
+    assert "splitk_auto" in set(OLD.impl) and "auto" not in set(OLD.impl)
+    got = widgets.hopper_batch_view(OLD, 128, CEIL, DSV4_FLASH, BUDGET)
+    assert got["us"]["splitk_auto"] == OLD[(OLD.B == 128) & (OLD.impl == "splitk_auto")].graph_us.iloc[0]
 
 
 def test_hopper_batch_view_refuses_an_unrecorded_batch(no_show):

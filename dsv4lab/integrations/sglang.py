@@ -6,8 +6,8 @@ entries), so every caller inside SGLang sees the change:
 * **decode**: ``_run_triton_sparse_decode`` in ``sglang.kernels.ops.attention.flash_mla_sm120_triton``.
   SGLang's ``flash_mla_sparse_decode_triton`` calls it once for the sliding-window cache and once
   for the compressed cache, then merges the two by LSE and applies the attention sink; the merge
-  and the sink stay SGLang's. It becomes :func:`lab_sparse_decode` (``impl="auto"``: the
-  head-batched tensor-core kernel or split-K, by shape).
+  and the sink stay SGLang's. It becomes :func:`lab_sparse_decode` (``impl="auto"``: on an
+  sm_90 GPU the Hopper kernel from B = 8, else split-K with tiles and NSPLIT by shape).
 * **indexer**: ``fp8_paged_mqa_logits_torch_sm120`` in ``sglang.srt.layers.attention.dsv4.indexer``,
   the indexer's CUDA-graph-safe torch fallback (it scores the maximum context every step). It
   becomes :func:`lab_paged_mqa_logits`, the lab's Triton indexer (it reads live pages only).

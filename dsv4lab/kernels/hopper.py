@@ -24,7 +24,8 @@ writes a bf16 partial and split_k.combine merges them (the lab's combine launch,
 with PDL by the same rule).
 The design, the byte and cycle budget and what is left to do are in
 experiments/hopper_decode/README.md. Gluon has no interpreter: on CPU this impl refuses with a
-ValueError; it is registered with needs=("gpu", "sm_90") and ``auto`` never picks it.
+ValueError; it is registered with needs=("gpu", "sm_90"), and ``auto`` picks it where it can run and
+measured faster (kernels/auto.py).
 """
 from __future__ import annotations
 

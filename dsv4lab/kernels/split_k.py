@@ -10,8 +10,9 @@ bf16 on the GPU, fp32 in the interpreter; lse_i fp32); a second launch merges th
 Slices with no valid token have lse_i = -inf and weigh 0; a row with none at all gives o = 0,
 lse = -inf; the sink is applied once, after the merge. NSPLIT depends only on (B, H, K) and the
 SM count (planning.py), never on data, and the workspace is allocated once per shape, so both
-launches capture in a CUDA graph. ``auto`` picks tiles and NSPLIT (1 = the stage-2 launch alone)
-with the launch-time model in planning.plans.
+launches capture in a CUDA graph. ``splitk_auto`` picks tiles and NSPLIT (1 = the stage-2 launch
+alone) with the launch-time model in planning.plans; it is the stage the story shipped, and what
+``auto`` runs wherever the Hopper kernel does not (kernels/auto.py).
 """
 from __future__ import annotations
 
@@ -171,7 +172,7 @@ def splitk_launch(B: int, H: int, K: int) -> Launch:
 
 @per_shape
 def auto_launch(B: int, H: int, K: int) -> Launch:
-    """impl "auto": the plan with the smallest modeled time, either tile entry, NSPLIT >= 1."""
+    """impl "splitk_auto": the plan with the smallest modeled time, either tile entry, NSPLIT >= 1."""
     return launch_of_plan(choose(B, H, K))
 
 
@@ -181,7 +182,8 @@ def sparse_decode_splitk(q, cache, indices, *, topk_len, sm_scale, attn_sink):
     return run(q, cache, indices, topk_len, sm_scale, attn_sink, splitk_launch(q.shape[0], q.shape[1], indices.shape[1]))
 
 
-@register("sparse_decode", "auto", stage="S2", description="tiles and NSPLIT picked per shape by the launch-time model",
+@register("sparse_decode", "splitk_auto", stage="S2",
+          description="split-K with tiles and NSPLIT picked per shape by the launch-time model",
           max_scale_byte=lambda B, H, K: head_batched.max_scale_byte(auto_launch(B, H, K)))
-def sparse_decode_auto(q, cache, indices, *, topk_len, sm_scale, attn_sink):
+def sparse_decode_splitk_auto(q, cache, indices, *, topk_len, sm_scale, attn_sink):
     return run(q, cache, indices, topk_len, sm_scale, attn_sink, auto_launch(q.shape[0], q.shape[1], indices.shape[1]))

@@ -7,7 +7,7 @@ sink; graph replay bitwise), then timed in a graph of one call and per call in a
 calls on copies of the inputs, interleaved, best of 2 passes:
   "mma (table)"         impl mma: the tiles choose_tiles picks for the shape (16-head tiles at B = 1)
   "splitk (table)"      impl splitk: splitk's plan (tiles and NSPLIT) for the shape
-  "auto (table)"        impl auto
+  "auto (table)"        impl splitk_auto (named auto when this ran)
   "mma, 64-head tiles"  the tuned kernel with the table's 64-head entry, whole rows (one program
                         per request at H = 64: the story's stage-2 grid)
   "mma_story"           the story's stage-2 kernel as published (BLOCK_H 32, the plain loop)

@@ -45,7 +45,7 @@ from dsv4lab.kernels import hopper
 from dsv4lab.testing import make_decode_inputs, make_indexer_inputs, make_merged_decode_inputs
 
 QUESTION = "compute_sanitizer"
-DECODE_IMPLS = ("simt", "mma_story", "mma", "splitk", "auto", "hopper", "sglang")
+DECODE_IMPLS = ("simt", "mma_story", "mma", "splitk", "splitk_auto", "auto", "hopper", "sglang")
 
 
 def targets(smoke: bool) -> dict:

@@ -16,7 +16,7 @@ measured). Tensors live on the CPU. The kernels store the
 GPU's bf16 outputs here too (``common.out_dtype`` patched), so the closing ``.to(bfloat16)`` is
 the no-op it is on the GPU instead of a CPU conversion of the whole output.
 
-Rows (``rows``), one per call: decode ``auto`` at B 1 / 32 / 128 and ``mma`` at B 32 (H 64, top-k
+Rows (``rows``), one per call: decode ``splitk_auto`` (``auto`` in the recorded runs) at B 1 / 32 / 128 and ``mma`` at B 32 (H 64, top-k
 512), the indexer step ``indexer_topk(impl="triton")`` at B 32 (H_i 64, top-512, 8192 live, max context
 65536: see ``cases``); ``python_us``: microseconds per call, the fastest of 40 batches of ``calls`` calls
 (``python_us_median``: the median batch);
@@ -162,7 +162,7 @@ def cases(smoke: bool) -> list:
     """(row, fn) for every call timed."""
     H, K, ctx = (8, 32, 64) if smoke else (64, 512, 1024)
     out = []
-    for impl, B in (("auto", 1), ("auto", 32), ("auto", 128), ("mma", 32)):
+    for impl, B in (("splitk_auto", 1), ("splitk_auto", 32), ("splitk_auto", 128), ("mma", 32)):
         B = min(B, 2) if smoke else B
         inp = make_decode_inputs(B, H, K, context=ctx, seed=B)
         out.append((dict(op="sparse_decode", impl=impl, B=B, H=H, K=K),

@@ -18,7 +18,7 @@ name the offending value). ``launch``: "direct" (the default: kernels.common.lau
 compiled kernel's C launch its arguments after the first call), "wrapper" (the same through the
 compiled kernel's Python wrapper, ``compiled.run``) or "triton" (every launch through Triton's
 ``kernel[grid](...)``, which binds and specializes the arguments each time); the device mode runs
-all three, one right after the other, in the same run. ``repeats``: decode ``auto`` at B 32 and the
+all three, one right after the other, in the same run. ``repeats``: decode ``splitk_auto`` (``auto`` in runs 1-9) at B 32 and the
 indexer step back to back, five samples each of "direct" and "wrapper" alternating, and the graph.
 Also ``triton_launch_us`` / ``direct_launch_us``: the host time of one launch of an empty Triton
 kernel each way (the floor any eager call pays per launch: split-K launches two kernels, the
@@ -29,7 +29,7 @@ Where the host time goes: ``primitives``, host microseconds per call (median of 
 back-to-back calls) of the pieces an eager call is made of (torch.empty, a torch elementwise
 launch, an empty Triton kernel through ``kernel[grid]``, through ``compiled.run`` (Triton's Python
 wrapper) and through the C launch launch_kernel calls, whole eager calls), and ``profile``, the
-top functions by own time in a cProfile of 300 eager calls of decode ``auto`` at B 32 and of the
+top functions by own time in a cProfile of 300 eager calls of decode ``splitk_auto`` at B 32 and of the
 indexer step. Expected runtime on an H200: about 2 minutes (compiling included).
 """
 import statistics
@@ -164,7 +164,7 @@ def main(argv=None):
     payload["direct_launch_us"] = empty_launch_us(smoke, direct=True)
     for B in batches:
         inp = make_decode_inputs(B, H, K, context=ctx, seed=B)
-        for impl in ("auto", "mma"):
+        for impl in ("splitk_auto", "mma"):
             for mode, launch in VARIANTS:
                 fn = lambda impl=impl, mode=mode: dsv4lab.sparse_decode(  # noqa: E731
                     inp.q, inp.cache, inp.indices, impl=impl, checks=mode)
@@ -182,7 +182,8 @@ def main(argv=None):
                                    lambda fn=fn, mode=mode, launch=launch: timed(fn, smoke, mode, launch)))
     dec = make_decode_inputs(*((2, H, K) if smoke else (32, H, K)), context=ctx, seed=1)
     cases = {
-        f"decode auto B={dec.q.shape[0]}": lambda: dsv4lab.sparse_decode(dec.q, dec.cache, dec.indices, impl="auto"),
+        f"decode splitk_auto B={dec.q.shape[0]}": lambda: dsv4lab.sparse_decode(dec.q, dec.cache, dec.indices,
+                                                                               impl="splitk_auto"),
         f"indexer step B={B}": lambda: dsv4lab.indexer_topk(*inp.args(), max_seq_len=L, topk=16 if smoke else 512,
                                                              impl="triton"),
     }

@@ -8,7 +8,7 @@ the output; plus the SM id). One JSON.
 
 For each B (H = 64, K = 512, context 8192, page 64, the rule's NSPLIT), CUDA-graph replay medians
 (L2 flushed before each replay, as every timing of the lab) of: the whole impl call (split launch,
-combine launch), the split launch alone, the combine alone, ``auto``'s whole call as the baseline, and two ablations of the split launch
+combine launch), the split launch alone, the combine alone, ``splitk_auto``'s whole call as the baseline (``auto`` in runs before it was named so), and two ablations of the split launch
 (hopper's ABLATE constexpr: the producer alone, its consumers only handing the buffers back; the
 consumers alone, fed buffers that were never filled; the producer alone without its gather, and
 with its gather alone, no dequant or stores); then 20 traced replays of the split
@@ -85,7 +85,7 @@ def case(B: int, smoke: bool) -> dict:
     row = dict(B=B, nsplit=ns, pdl=pdl, programs=B * ns)
     row["hopper_us"] = ab.time_us(lambda: api.sparse_decode(inp.q, inp.cache, inp.indices, impl="hopper",
                                                             sm_scale=ab.SCALE, **inp.kwargs()), smoke)
-    row["auto_us"] = ab.time_us(lambda: api.sparse_decode(inp.q, inp.cache, inp.indices, impl="auto",
+    row["splitk_auto_us"] = ab.time_us(lambda: api.sparse_decode(inp.q, inp.cache, inp.indices, impl="splitk_auto",
                                                           sm_scale=ab.SCALE, **inp.kwargs()), smoke)
     row["split_launch_us"] = ab.time_us(split, smoke)
     # ablations (hopper's ABLATE constexpr): one partition does its work, the other only hands the

@@ -11,8 +11,8 @@
    page sizes 64 and 256, more programs than SMs) against the float64 reference with poisoned
    outputs, and the CUDA-graph replay bitwise equal to the eager call;
 3. determinism: 20 eager reruns bitwise equal, graph replay bitwise (checks.determinism);
-4. timings at each B (H = 64, K = 512, context 8192, page 64): hopper, auto, mma and mma_story in
-   one run, interleaved, best of 2 passes: a CUDA graph of one call (graph_us) and per call in a
+4. timings at each B (H = 64, K = 512, context 8192, page 64): hopper, splitk_auto (named auto in runs
+   1-4), mma, mma_story and, from run 5, ``auto`` (which runs hopper or splitk_auto: ``ran``) in one run, interleaved, best of 2 passes: a CUDA graph of one call (graph_us) and per call in a
    graph of 8 calls on copies of the inputs (graph_layer_us), TFLOP/s, and the NSPLIT hopper took;
    where its rule splits, also hopper with half the slices ("hopper nsplit=N").
 Every case is caught into its row (``error``); the JSON is rewritten after each B. ~2-3 min on an H200.
@@ -26,11 +26,11 @@ import dsv4lab  # noqa: F401  (first: it decides the mode before anything import
 
 from dsv4lab import ab, api, checks
 from dsv4lab.device import info
-from dsv4lab.kernels import hopper
+from dsv4lab.kernels import auto, hopper
 from dsv4lab.testing import make_decode_inputs
 
 QUESTION = "hopper_decode"
-BASELINES = ("auto", "mma", "mma_story")
+BASELINES = ("splitk_auto", "mma", "mma_story")
 
 
 def caller(impl):
@@ -80,7 +80,7 @@ def main(argv=None):
         ab.write(a.out, QUESTION, a.smoke, rows=resources(), complete=True)
         return
     H, K, ctx = (4, 32, 64) if a.smoke else (64, 512, 8192)
-    impls = BASELINES if a.smoke else ("hopper", *BASELINES)
+    impls = BASELINES if a.smoke else ("hopper", *BASELINES, "auto")
     rows = []
     if a.smoke:
         rows.append(refusal(a.smoke))
@@ -91,7 +91,7 @@ def main(argv=None):
         rows.append(probe)
         ab.write(a.out, QUESTION, a.smoke, H=H, K=K, context=ctx, rows=rows, complete=False)
         if "error" in probe:
-            impls = BASELINES
+            impls = (*BASELINES, "auto")
     if not a.smoke and "hopper" in impls:
         for case in checks.CHECK_CASES:
             B, Hc, Kc, cctx, ps, pad, tl_, sink = case
@@ -101,7 +101,7 @@ def main(argv=None):
         for r in checks.determinism(impls=["hopper"], log=print):
             rows.append(dict(kind="determinism", **r))
     chk = make_decode_inputs(2, H, K, context=ctx, topk_len=True, sink=True, pad_frac=0.1, seed=41)
-    for impl in BASELINES:
+    for impl in (*BASELINES, "auto"):
         rows.append(ab.attempt(dict(kind="check", impl=impl), lambda i=impl: ab.check(caller(i), chk, a.smoke)))
     ab.write(a.out, QUESTION, a.smoke, H=H, K=K, context=ctx, rows=rows, complete=False)
     for B in ([1] if a.smoke else a.batches):
@@ -116,6 +116,8 @@ def main(argv=None):
             if impl.startswith("hopper"):
                 n = int(impl.split("=")[1]) if "=" in impl else hopper.nsplit_for(B, H, K, info().sm_count)
                 row.update(nsplit=n, pdl=hopper.pdl_for(B, H, n, info().sm_count))
+            if impl == "auto":
+                row["ran"] = auto.chosen(B, H)
             rows.append(row)
             print(row, flush=True)
         del inp
