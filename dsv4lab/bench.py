@@ -143,6 +143,12 @@ def heads_per_read(impl: str, H: int, B: int = 1, K: int = 512) -> int:
     the impl launches with for this shape."""
     if impl in ("simt", "sglang"):
         return 1
+    if impl == "auto":
+        from .kernels import auto
+        impl = auto.chosen(B, H)
+    if impl == "hopper":
+        from .kernels import hopper
+        return min(H, hopper.BLOCK_H)
     return min(H, impl_launch(impl, B, H, K).tiles.block_h)
 
 

@@ -168,3 +168,15 @@ def test_auto_on_the_gpu(B, runs_at_all):
     inp = make_decode_inputs(B, 64, 512, context=1024, topk_len=True, sink=True, pad_frac=0.1, seed=B)
     e_out, e_lse = check_decode("auto", inp)
     assert e_out <= OUT_TOL and e_lse <= LSE_TOL, (e_out, e_lse)
+
+
+def test_bytes_served_count_the_heads_of_the_kernel_auto_runs(monkeypatch):
+    """bench's bytes served per call: auto reads as the kernel it runs (64 heads a gather for hopper)."""
+    assert bench.heads_per_read("hopper", 64, 8) == 64 and bench.heads_per_read("hopper", 16, 8) == 16
+    assert bench.heads_per_read("auto", 64, 1) == bench.heads_per_read("splitk_auto", 64, 1)
+    monkeypatch.setattr(auto, "hopper_here", lambda: True)
+    auto.picks_hopper.cache_clear()
+    try:
+        assert bench.heads_per_read("auto", 64, 8) == 64
+    finally:
+        auto.picks_hopper.cache_clear()

@@ -22,9 +22,8 @@ from . import head_batched, hopper, split_k
 HOPPER_FROM_PROGRAMS = 8
 
 
-@functools.lru_cache(maxsize=1)
 def hopper_here() -> bool:
-    """Whether this process can run the Hopper kernel (asked once: the device does not change)."""
+    """Whether this process can run the Hopper kernel."""
     return hopper.unavailable_reason() is None
 
 

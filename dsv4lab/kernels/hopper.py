@@ -29,6 +29,8 @@ measured faster (kernels/auto.py).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 
@@ -39,7 +41,7 @@ from ..planning import MAX_SPLIT
 from ..errors import Flag
 from . import split_k
 from .common import (E4M3_BAD_SCALE, E4M3_TO_BF16_ASM, L2_PREFETCH_ASM, LOG2E, MAX_SCALE_BYTE, alloc, cache_views,
-                     finish, token_limit)
+                     finish, launch_kernel, token_limit)
 
 try:                                    # Gluon exists on triton >= 3.4; the lab must import without it
     import triton.language as tl
@@ -64,8 +66,10 @@ PRODUCER_REGS = 104         # setmaxnreg for the producer warp group (96: its in
 MAXNREG = 168               # 12 warps x 32 x 168 <= 65536: the consumers get what the producer gives up
 
 
+@functools.lru_cache(maxsize=1)
 def unavailable_reason() -> str | None:
-    """Why this process cannot run the kernel, or None when it can (CUDA, sm_90, Gluon)."""
+    """Why this process cannot run the kernel, or None when it can (CUDA, sm_90, Gluon); asked once
+    (the process's mode and device do not change), so an eager call does not pay for it."""
     if GLUON_ERROR is not None:
         return f"triton.experimental.gluon could not be imported ({GLUON_ERROR})"
     if is_interpret() or mode() != "cuda":
@@ -467,20 +471,35 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, nsplit: i
         raise ValueError("attn_sink: a split launch writes partials; the sink is applied by the merge")
     split_len = triton.cdiv(triton.cdiv(K, nsplit), BLOCK_N) * BLOCK_N
     _, u8, bf16 = cache_views(cache)
-    return _hopper_decode_kernel[(B, triton.cdiv(H, BLOCK_H), nsplit)](
-        q, u8, bf16, indices,
-        topk_len if topk_len is not None else lse,
-        attn_sink if attn_sink is not None else lse,
-        out, lse, errors.word(q.device), trace if trace is not None else lse, sm_scale * LOG2E, K, H, split_len,
-        token_limit(cache),
-        q.stride(0), q.stride(1), indices.stride(0), out.stride(0), out.stride(1),
-        out.stride(2) if nsplit > 1 else 0,
-        PAGE_SIZE=cache.page_size, PAGE_BYTES=cache.page_bytes,
-        HAS_TOPK_LEN=topk_len is not None, HAS_SINK=attn_sink is not None,
-        BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, NUM_BUF=NUM_BUF, CHUNK=CHUNK,
-        PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS, D=D, NOPE=448,
-        num_warps=NUM_WARPS, maxnreg=MAXNREG, LAUNCH_DEPENDENTS=pdl, TRACED=trace is not None,
-        ABLATE=ablate)
+    tensors = (q, u8, bf16, indices, topk_len if topk_len is not None else lse,
+               attn_sink if attn_sink is not None else lse, out, lse, errors.word(q.device),
+               trace if trace is not None else lse)
+    scalars = (sm_scale * LOG2E, K, H, split_len, token_limit(cache), q.stride(0), q.stride(1), indices.stride(0),
+               out.stride(0), out.stride(1), out.stride(2) if nsplit > 1 else 0)
+    consts = _consts(cache.page_size, cache.page_bytes, topk_len is not None, attn_sink is not None, D, pdl)
+    grid = (B, triton.cdiv(H, BLOCK_H), nsplit)
+    if trace is None and not ablate:
+        return launch_kernel(_hopper_decode_kernel, grid, tensors, scalars, consts)
+    # the experiments' clocks and ablations: Triton's own launch
+    return _hopper_decode_kernel[grid](*tensors, *scalars, **dict(consts, TRACED=trace is not None, ABLATE=ablate))
+
+
+@functools.lru_cache(maxsize=256)
+def _consts(page_size, page_bytes, has_topk_len, has_sink, D, pdl) -> dict:
+    """The constexprs and launch options of one launch, one dict object per set (launch_kernel keys
+    its cache of launchers by the dict's identity)."""
+    return dict(PAGE_SIZE=page_size, PAGE_BYTES=page_bytes, HAS_TOPK_LEN=has_topk_len, HAS_SINK=has_sink,
+                BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, NUM_BUF=NUM_BUF, CHUNK=CHUNK, PRODUCER_WARPS=PRODUCER_WARPS,
+                PRODUCER_REGS=PRODUCER_REGS, D=D, NOPE=448, num_warps=NUM_WARPS, maxnreg=MAXNREG,
+                LAUNCH_DEPENDENTS=pdl, TRACED=False, ABLATE=0)
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan(B: int, H: int, K: int) -> tuple:
+    """(NSPLIT, PDL) for a shape on this device: shapes only, decided once per shape."""
+    sms = info().sm_count
+    nsplit = nsplit_for(B, H, K, sms)
+    return nsplit, pdl_for(B, H, nsplit, sms)
 
 
 @register("sparse_decode", "hopper", stage="beyond",
@@ -496,14 +515,16 @@ def sparse_decode_hopper(q, cache, indices, *, topk_len, sm_scale, attn_sink, ns
                          f"Use impl='auto' instead")
     B, H, D = q.shape
     q = q.contiguous()
-    nsplit = nsplit or nsplit_for(B, H, indices.shape[1], info().sm_count)
+    if nsplit is None:
+        nsplit, pdl = _plan(B, H, indices.shape[1])
+    else:
+        pdl = pdl_for(B, H, nsplit, info().sm_count)
     out = alloc((B, H, D), torch.bfloat16, q.device)
     lse = alloc((B, H), torch.float32, q.device)
     if nsplit == 1:
         launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, 1)
         return finish(out), lse
     o_part, lse_part = split_k.partials_for(B, H, nsplit, q.device, "bfloat16")
-    pdl = pdl_for(B, H, nsplit, info().sm_count)
     launch(q, cache, indices, topk_len, sm_scale, None, o_part, lse_part, nsplit, pdl)
     split_k.combine(o_part, lse_part, attn_sink, out, lse, pdl=pdl)
     return finish(out), lse
