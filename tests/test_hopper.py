@@ -161,13 +161,16 @@ def test_bitwise_over_reruns_and_graph_replay(B, runs_at_all):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("B", [1, 8, 32])
-def test_auto_on_the_gpu(B, runs_at_all):
-    """auto on this GPU: the Hopper kernel from B = 8 on sm_90, split-K below, judged against the
-    float64 reference either way."""
-    assert auto.chosen(B, 64) == ("hopper" if B >= 8 and auto.hopper_here() else "splitk_auto")
+def test_auto_on_the_gpu(B, runs_at_all, monkeypatch):
+    """auto on this GPU: the Hopper kernel from B = 8 on sm_90, split-K below (the kernel it ran,
+    seen by a spy), judged against the float64 reference either way."""
+    ran = []
+    real = hopper.sparse_decode_hopper
+    monkeypatch.setattr(hopper, "sparse_decode_hopper", lambda *a, **k: ran.append(B) or real(*a, **k))
     inp = make_decode_inputs(B, 64, 512, context=1024, topk_len=True, sink=True, pad_frac=0.1, seed=B)
     e_out, e_lse = check_decode("auto", inp)
     assert e_out <= OUT_TOL and e_lse <= LSE_TOL, (e_out, e_lse)
+    assert bool(ran) == (B >= 8)          # runs_at_all: this GPU runs the Hopper kernel
 
 
 def test_bytes_served_count_the_heads_of_the_kernel_auto_runs(monkeypatch):

@@ -4,7 +4,7 @@ in several shapes (heads per program x warps), both together, and both with PDL.
     python experiments/combine_launch_shape/combine_shape.py OUT.json [--batches 1 8 16 32 64]
         [--partials bfloat16 float32] [--shapes 1,2 1,4 ...] [--cpu-smoke]
 
-For each B, the split launches splitk and auto take for the shape (planning.choose_split /
+For each B, the split launches splitk and splitk_auto take for the shape (planning.choose_split /
 choose, NSPLIT > 1 only). Every combine shape is checked against the float64 reference
 (poisoned outputs, topk_len, -1 padding, sink) on the first batch size's launches, then timed at
 every B (CUDA-graph replay, do_bench median, L2 flushed): "combine launch alone" reads partials

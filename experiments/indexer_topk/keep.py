@@ -3,8 +3,8 @@
 
     python experiments/indexer_topk/keep.py OUT.json [--cpu-smoke]
 
-For each launch (keep 0 = every chunk keeps k, the shipped kernel; keep 2 / 3 = twice / three
-times a chunk's share ceil(k / S); split 4 and 8): exactness against ``reference.topk_positions``
+For each launch (keep 0 = every chunk keeps k, the shipped kernel; keep 2 / 4 = twice / four
+times a chunk's share ceil(k / S); split 4, 8 and 16): exactness against ``reference.topk_positions``
 on random lengths and on rows whose whole top-k sits in one chunk (the merge must fall back to the
 whole row), bitwise in a replayed graph; then the top-k alone in one-call graphs (B = 32, 8192
 live, max 262208 and 1,048,576; B = 1, 8, 16, 64), per call in a graph of 8 calls on their own

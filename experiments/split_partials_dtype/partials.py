@@ -4,7 +4,7 @@
 
 The partials (one [512] output row per slice, head and request) are written by the split launch
 and read back once by the combine launch: bf16 halves those bytes for one more rounding. At each
-B, the split launches splitk and auto take for the shape (planning.choose_split / choose, NSPLIT
+B, the split launches splitk and splitk_auto take for the shape (planning.choose_split / choose, NSPLIT
 > 1 only) with Launch.partials "float32" and "bfloat16"; the combine launch takes its warps from
 the dtype (split_k.combine_warps: 4 for fp32, 2 for bf16). Checks first (poisoned outputs,
 float64 reference, topk_len, -1 padding, sink; graph replay bitwise): the error each dtype costs.

@@ -39,7 +39,7 @@ def main(argv=None):
     rows = sweeps.split_sweep(cands, batches=batches, splits=splits, H=H, K=K, context=ctx,
                               timer=lambda fn: ab.time_us(fn, a.smoke, warmup=10, rep=50))
     fitted = [sweeps.fit_costs(rows, c) for c in cands]
-    for r in rows:                   # what auto's model picks over the fitted configs
+    for r in rows:                   # what splitk_auto's model picks over the fitted configs
         p = planning.choose(r["B"], H, K, cfgs=fitted)
         r["model_choice"] = r["nsplit"] == p.nsplit and sweeps.ran(r, p.cfg)
     ab.write(a.out, QUESTION, a.smoke, H=H, K=K, context=ctx, rows=rows, fitted=[vars(c) for c in fitted])
