@@ -978,9 +978,6 @@ def explore_story_vs_lab(table: pd.DataFrame):
 
 # ---- notebook 08: the Hopper kernel at one batch ---------------------------------------------------
 
-HOPPER_COMPARED = ("hopper", "splitk_auto", "mma")
-
-
 def hopper_batch_view(times: pd.DataFrame, B: int, ceilings, model, budget: list[dict], cold_us: float = 1.1) -> dict:
     """What explore_hopper shows at batch ``B``: the recorded one-call graph times of hopper, splitk_auto,
     mma (and hopper with half the slices) beside the byte and matmul floors, the launch hopper ran
