@@ -81,6 +81,9 @@ class TopkLaunch:
     anchor: int = 12
     split: int | None = None
     merge: str = "fused"
+    lean: bool = False
+    early: bool = False
+    vals_from_keys: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -118,24 +121,56 @@ def _anchor_hist(key, base, SH: tl.constexpr, NB: tl.constexpr):
 
 
 @triton.jit
+def _first_min_max(a0, a1, a2, b0, b1, b2):
+    return a0 + b0, tl.maximum(a1, b1), tl.minimum(a2, b2)
+
+
+@triton.jit
 def _select_digit(h, bins, k_rem):
     """For a histogram ``h`` of the candidates: (the digit holding the k_rem-th largest, how many
-    are above it, how many are in it, k_rem capped at the candidates' count)."""
+    are above it, how many are in it, k_rem capped at the candidates' count). One scan and one
+    three-way reduction (each a barrier across the program's warps): the keys at or above each
+    digit fall as the digit grows, so the digit is the count of digits with >= k_rem of them,
+    less one, the keys above it the largest count below k_rem and the keys from it on the
+    smallest count at or above k_rem."""
+    at_or_above = tl.cumsum(h, 0, reverse=True)                    # keys with digit >= d
+    ge = at_or_above >= k_rem
+    n_ge, above, from_d = tl.reduce((ge.to(tl.int32), tl.where(ge, 0, at_or_above),
+                                     tl.where(ge, at_or_above, 2147483647)), 0, _first_min_max)
+    # no digit qualifies: fewer candidates than k_rem (the first pass only). Then all of them are
+    # wanted, which digit 0 with every candidate counted in it says (above 0, in_d = k_rem = all)
+    none = n_ge == 0
+    d = tl.where(none, 0, n_ge - 1)
+    tot = tl.where(none, above, k_rem)                             # `above` is then the first count: all
+    return d, tl.where(none, 0, above), tl.where(none, above, from_d - above), tl.minimum(k_rem, tot)
+
+
+@triton.jit
+def _select_digit_sums(h, bins, k_rem):
+    """_select_digit as runs 1-12 shipped it: five reductions and scans."""
     tot = tl.sum(h, 0)
-    k_rem = tl.minimum(k_rem, tot)                                 # fewer valid keys than k: all of them
-    at_or_above = tot - tl.cumsum(h, 0) + h                        # keys with digit >= d
-    d = tl.max(tl.where(at_or_above >= k_rem, bins, 0), 0)         # (bin 0 always qualifies)
+    k_rem = tl.minimum(k_rem, tot)
+    at_or_above = tot - tl.cumsum(h, 0) + h
+    d = tl.max(tl.where(at_or_above >= k_rem, bins, 0), 0)
     above = tl.sum(tl.where(bins > d, h, 0), 0)
     in_d = tl.sum(tl.where(bins == d, h, 0), 0)
     return d, above, in_d, k_rem
 
 
 @triton.jit
-def _refine(h, bins, k_rem, prefix, himask, new_lo, dmask):
+def _pick_digit(h, bins, k_rem, OPT: tl.constexpr):
+    if OPT % 2 == 1:
+        return _select_digit(h, bins, k_rem)
+    else:
+        return _select_digit_sums(h, bins, k_rem)
+
+
+@triton.jit
+def _refine(h, bins, k_rem, prefix, himask, new_lo, dmask, OPT: tl.constexpr):
     """One pass's outcome from its histogram ``h`` of bits new_lo.. of the matching keys: the digit
     of the k_rem-th largest appended to the prefix, k_rem less the keys above it, and whether
     another pass is needed (not once the digit's bucket is wanted whole, or every bit is fixed)."""
-    d, above, in_d, k_rem = _select_digit(h, bins, k_rem)
+    d, above, in_d, k_rem = _pick_digit(h, bins, k_rem, OPT)
     k_rem = k_rem - above
     prefix = prefix | (d.to(tl.uint32) << new_lo)
     himask = himask | (dmask << new_lo)
@@ -158,25 +193,37 @@ def _emit(key, himask, prefix, k_rem, eq_seen, taken):
     ok = key != 0
     gt = (ok & (top > prefix)).to(tl.int32)
     eq = (ok & (top == prefix)).to(tl.int32)
-    c = tl.cumsum((gt << 16) | eq, 0)
+    packed = (gt << 16) | eq
+    c = tl.cumsum(packed, 0)
     gt_before = (c >> 16) - gt                                       # in this tile, exclusive
     eq_before = eq_seen + (c & 0xFFFF) - eq                          # in the row, exclusive
     sel = (gt != 0) | ((eq != 0) & (eq_before < k_rem))              # ties: the lower positions first
     slot = taken + gt_before + tl.minimum(eq_before, k_rem) - tl.minimum(eq_seen, k_rem)
-    n_gt = tl.sum(gt, 0)
-    n_eq = tl.sum(eq, 0)
+    tot = tl.sum(packed, 0)                                          # both counts in one reduction
+    n_gt = tot >> 16
+    n_eq = tot & 0xFFFF
     return sel, slot, eq_seen + n_eq, taken + n_gt + tl.minimum(eq_seen + n_eq, k_rem) - tl.minimum(eq_seen, k_rem)
 
 
 @triton.jit
-def _store(out, aux, row, sel, slot, pos, start, STAGE: tl.constexpr):
+def key_value(key):
+    """The float32 a key stands for (order_keys' inverse; -0.0 comes back as +0.0)."""
+    s = (key ^ 0x80000000).to(tl.int32, bitcast=True)
+    return (s ^ ((s >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _store(out, aux, row, sel, slot, pos, start, key, STAGE: tl.constexpr, OPT: tl.constexpr):
     """Store one tile's chosen positions: stage 0 the positions; stage 1 the candidates (position
     start + pos in ``out``, its logit in ``aux``); stage 2 the positions the candidates stand for."""
     if STAGE == 0:
         tl.store(out + slot, pos, mask=sel)
     elif STAGE == 1:
         tl.store(out + slot, start + pos, mask=sel)
-        tl.store(aux + slot, tl.load(row + pos, mask=sel), mask=sel)
+        if OPT // 4 % 2 == 1:
+            tl.store(aux + slot, key_value(key), mask=sel)             # from registers: no reload
+        else:
+            tl.store(aux + slot, tl.load(row + pos, mask=sel), mask=sel)
     else:
         tl.store(out + slot, tl.load(aux + pos, mask=sel), mask=sel)
 
@@ -185,7 +232,7 @@ def _store(out, aux, row, sel, slot, pos, start, STAGE: tl.constexpr):
 def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, stride_ob, stride_fb, num_pages, stride_pb,
                  TILE: tl.constexpr, RADIX: tl.constexpr, OUT_BLOCK: tl.constexpr,
                  ANCHOR: tl.constexpr = 12, STAGE: tl.constexpr = 0, GUARD: tl.constexpr = False,
-                 PAGE: tl.constexpr = 64, MERGE_TILE: tl.constexpr = 32):
+                 PAGE: tl.constexpr = 64, MERGE_TILE: tl.constexpr = 32, OPT: tl.constexpr = 0):
     """STAGE 0: the top-k of row b's live prefix. STAGE 1 (grid (B, S)): the top-k of chunk s of
     it, written as k candidates (positions to OUT, logits to AUX: [B, S*k], chunk s at s*k, -1 /
     -inf padded). STAGE 2: the top-k of a row's S*k candidates (X), emitted as the positions AUX
@@ -200,6 +247,19 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, str
     if STAGE == 2:
         n = width                                                      # every candidate (padding is -inf)
         aux = AUX + b * stride_xb
+    elif STAGE % 2 == 1 and OPT // 2 % 2 == 1:
+        # chunks of TILE positions while the row fits S of them: chunk s starts at s * TILE whatever
+        # seq_len says, so its tile's load goes out beside seq_len's instead of after it
+        first = s * TILE + offs
+        x0 = tl.load(X + b * stride_xb + first, mask=first < width, other=float("-inf"))
+        n = tl.minimum(tl.maximum(tl.load(SEQ + b), 0), width)
+        aux = AUX + b * stride_ob + s * k
+        chunk = tl.maximum((n + tl.num_programs(1) - 1) // tl.num_programs(1), TILE)
+        start = s * chunk
+        n = tl.maximum(tl.minimum(n - start, chunk), 0)
+        longer = chunk > TILE                                          # a longer row: chunks of ceil(n / S)
+        x1 = tl.load(X + b * stride_xb + start + offs, mask=offs < tl.where(longer, n, 0), other=float("-inf"))
+        x0 = tl.where(longer, x1, x0)
     else:
         n = tl.minimum(tl.maximum(tl.load(SEQ + b), 0), width)
         aux = AUX + b * stride_ob + s * k
@@ -209,7 +269,10 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, str
             n = tl.maximum(tl.minimum(n - start, chunk), 0)
     row = X + b * stride_xb + start
     out = OUT + b * stride_ob + s * k
-    key0 = _load_keys(row, 0, offs, n)                                 # the first tile stays in registers
+    if STAGE % 2 == 1 and OPT // 2 % 2 == 1:
+        key0 = order_keys(x0, offs < n)
+    else:
+        key0 = _load_keys(row, 0, offs, n)                             # the first tile stays in registers
     if GUARD:
         # the cut needs the row's live page ids: the first tile's load does not wait for it
         cut, flags = live_length(SEQ, PT, b, width, num_pages, stride_pb, PAGE, 1024)
@@ -217,7 +280,7 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, str
         key0 = tl.where(offs < n, key0, 0)
         tl.atomic_or(ERR, flags, mask=(flags != 0) & (s == 0))
     if STAGE == 3:
-        _select(row, out, aux, n, key0, k, start, TILE, RADIX, OUT_BLOCK, ANCHOR, 1)
+        _select(row, out, aux, n, key0, k, start, TILE, RADIX, OUT_BLOCK, ANCHOR, 1, OPT)
         # every thread's candidate stores before the ticket's release (barrier + acq_rel atomic);
         # the last ticket resets the counter, so a CUDA graph replays from zero
         tl.debug_barrier()
@@ -228,14 +291,14 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, str
             vals = AUX + b * stride_ob
             mkey = _load_keys(vals, 0, tl.arange(0, MERGE_TILE), m)
             _select(vals, FINAL + b * stride_fb, OUT + b * stride_ob, m, mkey, k, 0, MERGE_TILE, RADIX, OUT_BLOCK,
-                    ANCHOR, 2)
+                    ANCHOR, 2, OPT)
     else:
-        _select(row, out, aux, n, key0, k, start, TILE, RADIX, OUT_BLOCK, ANCHOR, STAGE)
+        _select(row, out, aux, n, key0, k, start, TILE, RADIX, OUT_BLOCK, ANCHOR, STAGE, OPT)
 
 
 @triton.jit
 def _select(row, out, aux, n, key0, k, start, TILE: tl.constexpr, RADIX: tl.constexpr, OUT_BLOCK: tl.constexpr,
-            ANCHOR: tl.constexpr, STAGE: tl.constexpr):
+            ANCHOR: tl.constexpr, STAGE: tl.constexpr, OPT: tl.constexpr):
     """The top-k of the n keys at ``row`` (``key0``: its first tile's keys), stored as ``STAGE``
     says (_store), then the -1 (and, stage 1, -inf) padding of the k output slots."""
     offs = tl.arange(0, TILE)
@@ -255,7 +318,7 @@ def _select(row, out, aux, n, key0, k, start, TILE: tl.constexpr, RADIX: tl.cons
         h = _anchor_hist(key0, base, SH, NB)
         for c in range(TILE, n, TILE):
             h += _anchor_hist(_load_keys(row, c, offs, n), base, SH, NB)
-        d, above, in_d, k_rem = _select_digit(h, bins, k_rem)
+        d, above, in_d, k_rem = _pick_digit(h, bins, k_rem, OPT)
         hit = d > 0                        # the lowest bucket holds every lower prefix: start from the top
         prefix = tl.where(hit, (base + d).to(tl.uint32) << SH, prefix)      # shifted unsigned: no overflow
         himask = tl.where(hit, ~tl.zeros([], tl.uint32) << SH, himask)
@@ -268,13 +331,14 @@ def _select(row, out, aux, n, key0, k, start, TILE: tl.constexpr, RADIX: tl.cons
         h = _digit_hist(key0, himask, prefix, new_lo, dmask, NB)
         for c in range(TILE, n, TILE):
             h += _digit_hist(_load_keys(row, c, offs, n), himask, prefix, new_lo, dmask, NB)
-        prefix, himask, k_rem, busy = _refine(h, bins, k_rem, prefix, himask, new_lo, dmask)
+        prefix, himask, k_rem, busy = _refine(h, bins, k_rem, prefix, himask, new_lo, dmask, OPT)
         lo = new_lo
     sel, slot, eq_seen, taken = _emit(key0, himask, prefix, k_rem, 0, 0)
-    _store(out, aux, row, sel, slot, offs, start, STAGE)
+    _store(out, aux, row, sel, slot, offs, start, key0, STAGE, OPT)
     for c in range(TILE, n, TILE):
-        sel, slot, eq_seen, taken = _emit(_load_keys(row, c, offs, n), himask, prefix, k_rem, eq_seen, taken)
-        _store(out, aux, row, sel, slot, c + offs, start, STAGE)
+        key = _load_keys(row, c, offs, n)
+        sel, slot, eq_seen, taken = _emit(key, himask, prefix, k_rem, eq_seen, taken)
+        _store(out, aux, row, sel, slot, c + offs, start, key, STAGE, OPT)
     o = tl.arange(0, OUT_BLOCK)
     for c in range(0, k, OUT_BLOCK):
         pad = (c + o >= taken) & (c + o < k)
@@ -370,7 +434,8 @@ def _topk_args(launch: TopkLaunch, B, width, k, page_size, guard):
     if launch.merge not in ("launch", "fused"):
         raise ValueError(f"merge must be 'launch' or 'fused', got {launch.merge!r}")
     opts = dict(RADIX=launch.radix, OUT_BLOCK=min(OUT_BLOCK, next_power_of_2(k)), ANCHOR=launch.anchor,
-                PAGE=page_size, num_warps=launch.num_warps)
+                PAGE=page_size, num_warps=launch.num_warps,
+                OPT=int(launch.lean) + 2 * int(launch.early) + 4 * int(launch.vals_from_keys))
     merge_tile = min(launch.tile, next_power_of_2(S * k))
     fused = launch.merge == "fused"
     return (S, dict(opts, TILE=launch.tile, STAGE=0, GUARD=guard),
