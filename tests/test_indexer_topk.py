@@ -82,6 +82,38 @@ def test_extreme_value_ranges(launch):
         assert torch.equal(_topk(x, n, k, launch), want), k
 
 
+@pytest.mark.parametrize("launch", [TopkLaunch(tile=256, split=4), TopkLaunch(tile=1024, split=1), SMALL,
+                                    TopkLaunch(tile=256, split=4, rebase=False), TopkLaunch(tile=256, split=2, anchor=12)],
+                         ids=["chunks", "one program", "tiles of 64", "no second anchor", "anchor 12"])
+def test_a_missed_anchor_is_anchored_again(launch):
+    # pass 0 misses when the k-th largest is negative or more than eight octaves below the largest
+    # value; the second anchor sits at the smallest value, and both miss on a row spread evenly
+    # over sixty decades: every outcome must still be the contract
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(6, 1000, generator=g)
+    x[0] -= 3.0                                          # the k-th largest is negative
+    x[1, 500] = 1e6                                      # one huge value: the rest far below it
+    x[2] = torch.exp(torch.linspace(-69, 69, 1000))[torch.randperm(1000, generator=g)]     # both anchors miss
+    x[3] = -x[3].abs() * 1e-3 - 1e3                      # all negative in one narrow band
+    x[4, ::7] = -1e30                                    # the smallest value far below the rest
+    n = _lens(1000, 1000, 1000, 1000, 1000, 613)
+    for k in (1, 37, 300, 999):
+        want = reference.topk_positions(x.masked_fill(torch.arange(1000) >= n[:, None], -math.inf), k)
+        assert torch.equal(_topk(x, n, k, launch), want), k
+
+
+@pytest.mark.parametrize("split", [2, 4])
+def test_chunks_start_before_seq_len_is_known(split):
+    # while a row fits `split` tiles its chunks are those tiles, loaded before seq_len arrives
+    # (NaN past seq_len must be dropped unread); a longer row is cut into chunks of ceil(n / split)
+    x = torch.randn(7, 700)
+    n = _lens(0, 1, 255, 256, 257, 700, 130)
+    x.masked_fill_(torch.arange(700) >= n[:, None], float("nan"))
+    for k in (1, 37, 128, 300):
+        want = reference.topk_positions(x.masked_fill(torch.arange(700) >= n[:, None], -math.inf), k)
+        assert torch.equal(_topk(x, n, k, TopkLaunch(tile=256, split=split)), want), k
+
+
 def test_short_rows_empty_rows_and_k_past_the_width():
     x = torch.randn(3, 50)
     got = _topk(x, _lens(7, 0, 50), 64)               # k > width > some seq_lens
@@ -91,7 +123,7 @@ def test_short_rows_empty_rows_and_k_past_the_width():
     assert got.shape == (3, 64)
 
 
-def test_minus_inf_is_never_chosen_and_dead_positions_are_never_read():
+def test_minus_inf_is_never_chosen_and_dead_positions_are_never_used():
     x = torch.randn(2, 300)
     x[0, 10:290] = -math.inf                    # only 20 live finite logits for k = 32
     x[1, 100:] = float("nan")                   # past seq_len: a NaN read would be chosen (largest key)

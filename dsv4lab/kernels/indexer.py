@@ -16,7 +16,10 @@ fill loop that stores -inf and reads nothing (the public ``indexer_logits`` cont
 kernels/topk.py over each row's live prefix: the whole step reads and writes bytes that follow
 the live context only. What still scales with max_seq_len there: the [B, max_seq_len] fp32 logits
 *allocation* (graph-safe code cannot size a buffer from device data), of which only the live
-positions are written and read, and the page table's shape (only live entries are used). Outside
+positions are written and used, and the page table's shape (only live entries are used). The
+top-k's chunks load the first min(width, 8192) positions of a row whatever its length (their load
+goes out before seq_len arrives; positions past seq_len are dropped unread by the select): a
+constant, not a share of max_seq_len. Outside
 a captured graph, the API's range check (``api.check_indexer_args``) reads the whole page table on
 the host; the registered functions, which a graph captures, do not.
 

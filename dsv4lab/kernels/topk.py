@@ -2,7 +2,7 @@
 
 ``torch.topk`` over a [B, max_seq_len] row reads and sorts the whole row, dead tail included,
 so its cost follows the maximum context. Here the grid is fixed by the shapes; each program
-reads its row's length ``n = seq_lens[b]`` on the device and touches only positions < n. One
+reads its row's length ``n = seq_lens[b]`` on the device and uses only positions < n. One
 program per row (``split`` S = 1), or S per row: each takes the exact top-k of its chunk of the
 row (ties to the lower position) as k candidates in chunk order, then one program per row selects
 among the S*k candidates the same way: the row's last chunk program to finish, in the same launch
@@ -15,17 +15,21 @@ order-preserving integer keys:
              (an unsigned key that orders exactly like the float; -0.0 and +0.0 share one key)
 
     pass 0: the row's largest key anchors 2^RADIX buckets (32): the 31 ``ANCHOR``-bit key prefixes
-            at and below the largest one's (1/8 octave each for 12 bits: four octaves of values)
+            at and below the largest one's (1/4 octave each for 11 bits: eight octaves of values)
             and one for everything lower. The bucket holding the k-th largest fixes the first
-            ``ANCHOR`` bits of the threshold, unless it is the lowest one (the top-k reaches more
-            than four octaves below the maximum): then the passes start from the top bit.
+            ``ANCHOR`` bits of the threshold, unless it is the lowest one (a miss: the k-th
+            largest is negative, or more than eight octaves below the maximum). Then the row's
+            smallest key anchors the buckets upwards (``rebase``), and only if the k-th largest
+            is in the top one of those too do the passes start from the top bit.
     pass p: histogram of the next RADIX bits of the keys that match the prefix fixed so far,
             then the digit d holding the k_rem-th largest: keys above d are in, keys below are
             out, d is appended to the prefix and only its bucket is refined next pass.
 
 The passes stop as soon as the bucket of the threshold is needed whole (or all 32 bits are
 fixed): on the lab's random indexer inputs (8192 live, k = 512) a numpy replay of the passes takes 3
-in all, against 4-5 without the anchor. A last pass writes the chosen positions. Each pass reads the row from registers when
+in all, against 4-5 without the anchor. A miss used to cost a chunk 4-6 passes from the top bit,
+and a grid's time is its slowest program's: the second anchor makes it one more pass.
+A last pass writes the chosen positions. Each pass reads the row from registers when
 it fits in one tile of ``TILE`` positions, else streams the rest of it tile by tile (the first
 tile stays in registers). Every pass costs a histogram over the whole tile (Triton's is built
 from warp ballots, ~44 instructions a key at 32 bins) and a handful of reductions and scans over
@@ -72,18 +76,20 @@ class TopkLaunch:
     ``split``: programs per row S (a power of two; None: ``split_for`` from the shapes; 1: the
     one-launch path). With S > 1 chunk s of a row of n live positions is [s*ceil(n/S), ...), each
     chunk program holds ``tile / S`` positions at once, and the row's S*k candidates are selected
-    among the same way (a tile of min(``tile``, S*k rounded up to a power of two)). ``merge``
+    among the same way (a tile of min(``tile``, S*k rounded up to a power of two)). While a row
+    fits S tiles of ``tile / S`` its chunks are those tiles instead (chunk s starts at s*tile/S
+    whatever seq_len says, so the chunk's load is issued beside seq_len's, not after it; the
+    positions it reads past seq_len are never used). ``merge``
     (S > 1): "fused", the row's last chunk program to finish does that in the chunk launch (one
-    launch in all); "launch", a second launch of B programs does it."""
+    launch in all); "launch", a second launch of B programs does it. ``rebase``: after a miss of
+    pass 0, anchor its buckets again at the smallest key."""
     tile: int = 8192
     radix: int = 5
     num_warps: int = 8
-    anchor: int = 12
+    anchor: int = 11
     split: int | None = None
     merge: str = "fused"
-    lean: bool = False
-    early: bool = False
-    vals_from_keys: bool = False
+    rebase: bool = True
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -91,7 +97,9 @@ class TopkLaunch:
 
 #: the shipped launch: tile 8192, 5-bit passes, 8 warps, split from ``split_for``, the merge fused into
 #: the chunk launch (H200, B = 32, live 8192: 18.8 us, against 20.5 us with a merge launch and
-#: 22.6 us with S = 1; experiments/indexer_topk, run 8)
+#: 22.6 us with S = 1; experiments/indexer_topk, run 8), pass 0 over eight octaves with a second
+#: anchor after a miss (16.7-17.1 us against 18.3-18.6 for four octaves and no second anchor;
+#: experiments/indexer_topk, lean runs 3-4)
 TOPK = TopkLaunch()
 #: output positions one store of the -1 padding covers
 OUT_BLOCK = 1024
@@ -121,56 +129,24 @@ def _anchor_hist(key, base, SH: tl.constexpr, NB: tl.constexpr):
 
 
 @triton.jit
-def _first_min_max(a0, a1, a2, b0, b1, b2):
-    return a0 + b0, tl.maximum(a1, b1), tl.minimum(a2, b2)
-
-
-@triton.jit
 def _select_digit(h, bins, k_rem):
     """For a histogram ``h`` of the candidates: (the digit holding the k_rem-th largest, how many
-    are above it, how many are in it, k_rem capped at the candidates' count). One scan and one
-    three-way reduction (each a barrier across the program's warps): the keys at or above each
-    digit fall as the digit grows, so the digit is the count of digits with >= k_rem of them,
-    less one, the keys above it the largest count below k_rem and the keys from it on the
-    smallest count at or above k_rem."""
-    at_or_above = tl.cumsum(h, 0, reverse=True)                    # keys with digit >= d
-    ge = at_or_above >= k_rem
-    n_ge, above, from_d = tl.reduce((ge.to(tl.int32), tl.where(ge, 0, at_or_above),
-                                     tl.where(ge, at_or_above, 2147483647)), 0, _first_min_max)
-    # no digit qualifies: fewer candidates than k_rem (the first pass only). Then all of them are
-    # wanted, which digit 0 with every candidate counted in it says (above 0, in_d = k_rem = all)
-    none = n_ge == 0
-    d = tl.where(none, 0, n_ge - 1)
-    tot = tl.where(none, above, k_rem)                             # `above` is then the first count: all
-    return d, tl.where(none, 0, above), tl.where(none, above, from_d - above), tl.minimum(k_rem, tot)
-
-
-@triton.jit
-def _select_digit_sums(h, bins, k_rem):
-    """_select_digit as runs 1-12 shipped it: five reductions and scans."""
+    are above it, how many are in it, k_rem capped at the candidates' count)."""
     tot = tl.sum(h, 0)
-    k_rem = tl.minimum(k_rem, tot)
-    at_or_above = tot - tl.cumsum(h, 0) + h
-    d = tl.max(tl.where(at_or_above >= k_rem, bins, 0), 0)
+    k_rem = tl.minimum(k_rem, tot)                                 # fewer valid keys than k: all of them
+    at_or_above = tot - tl.cumsum(h, 0) + h                        # keys with digit >= d
+    d = tl.max(tl.where(at_or_above >= k_rem, bins, 0), 0)         # (bin 0 always qualifies)
     above = tl.sum(tl.where(bins > d, h, 0), 0)
     in_d = tl.sum(tl.where(bins == d, h, 0), 0)
     return d, above, in_d, k_rem
 
 
 @triton.jit
-def _pick_digit(h, bins, k_rem, OPT: tl.constexpr):
-    if OPT % 2 == 1:
-        return _select_digit(h, bins, k_rem)
-    else:
-        return _select_digit_sums(h, bins, k_rem)
-
-
-@triton.jit
-def _refine(h, bins, k_rem, prefix, himask, new_lo, dmask, OPT: tl.constexpr):
+def _refine(h, bins, k_rem, prefix, himask, new_lo, dmask):
     """One pass's outcome from its histogram ``h`` of bits new_lo.. of the matching keys: the digit
     of the k_rem-th largest appended to the prefix, k_rem less the keys above it, and whether
     another pass is needed (not once the digit's bucket is wanted whole, or every bit is fixed)."""
-    d, above, in_d, k_rem = _pick_digit(h, bins, k_rem, OPT)
+    d, above, in_d, k_rem = _select_digit(h, bins, k_rem)
     k_rem = k_rem - above
     prefix = prefix | (d.to(tl.uint32) << new_lo)
     himask = himask | (dmask << new_lo)
@@ -213,17 +189,14 @@ def key_value(key):
 
 
 @triton.jit
-def _store(out, aux, row, sel, slot, pos, start, key, STAGE: tl.constexpr, OPT: tl.constexpr):
+def _store(out, sel, slot, pos, start, key, aux, STAGE: tl.constexpr):
     """Store one tile's chosen positions: stage 0 the positions; stage 1 the candidates (position
     start + pos in ``out``, its logit in ``aux``); stage 2 the positions the candidates stand for."""
     if STAGE == 0:
         tl.store(out + slot, pos, mask=sel)
     elif STAGE == 1:
         tl.store(out + slot, start + pos, mask=sel)
-        if OPT // 4 % 2 == 1:
-            tl.store(aux + slot, key_value(key), mask=sel)             # from registers: no reload
-        else:
-            tl.store(aux + slot, tl.load(row + pos, mask=sel), mask=sel)
+        tl.store(aux + slot, key_value(key), mask=sel)                 # from registers, not reloaded
     else:
         tl.store(out + slot, tl.load(aux + pos, mask=sel), mask=sel)
 
@@ -232,7 +205,7 @@ def _store(out, aux, row, sel, slot, pos, start, key, STAGE: tl.constexpr, OPT: 
 def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, stride_ob, stride_fb, num_pages, stride_pb,
                  TILE: tl.constexpr, RADIX: tl.constexpr, OUT_BLOCK: tl.constexpr,
                  ANCHOR: tl.constexpr = 12, STAGE: tl.constexpr = 0, GUARD: tl.constexpr = False,
-                 PAGE: tl.constexpr = 64, MERGE_TILE: tl.constexpr = 32, OPT: tl.constexpr = 0):
+                 PAGE: tl.constexpr = 64, MERGE_TILE: tl.constexpr = 32, REBASE: tl.constexpr = True):
     """STAGE 0: the top-k of row b's live prefix. STAGE 1 (grid (B, S)): the top-k of chunk s of
     it, written as k candidates (positions to OUT, logits to AUX: [B, S*k], chunk s at s*k, -1 /
     -inf padded). STAGE 2: the top-k of a row's S*k candidates (X), emitted as the positions AUX
@@ -247,7 +220,7 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, str
     if STAGE == 2:
         n = width                                                      # every candidate (padding is -inf)
         aux = AUX + b * stride_xb
-    elif STAGE % 2 == 1 and OPT // 2 % 2 == 1:
+    elif STAGE % 2 == 1:
         # chunks of TILE positions while the row fits S of them: chunk s starts at s * TILE whatever
         # seq_len says, so its tile's load goes out beside seq_len's instead of after it
         first = s * TILE + offs
@@ -263,13 +236,9 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, str
     else:
         n = tl.minimum(tl.maximum(tl.load(SEQ + b), 0), width)
         aux = AUX + b * stride_ob + s * k
-        if STAGE % 2 == 1:
-            chunk = (n + tl.num_programs(1) - 1) // tl.num_programs(1)
-            start = s * chunk
-            n = tl.maximum(tl.minimum(n - start, chunk), 0)
     row = X + b * stride_xb + start
     out = OUT + b * stride_ob + s * k
-    if STAGE % 2 == 1 and OPT // 2 % 2 == 1:
+    if STAGE % 2 == 1:
         key0 = order_keys(x0, offs < n)
     else:
         key0 = _load_keys(row, 0, offs, n)                             # the first tile stays in registers
@@ -280,7 +249,7 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, str
         key0 = tl.where(offs < n, key0, 0)
         tl.atomic_or(ERR, flags, mask=(flags != 0) & (s == 0))
     if STAGE == 3:
-        _select(row, out, aux, n, key0, k, start, TILE, RADIX, OUT_BLOCK, ANCHOR, 1, OPT)
+        _select(row, out, aux, n, key0, k, start, TILE, RADIX, OUT_BLOCK, ANCHOR, 1, REBASE)
         # every thread's candidate stores before the ticket's release (barrier + acq_rel atomic);
         # the last ticket resets the counter, so a CUDA graph replays from zero
         tl.debug_barrier()
@@ -291,14 +260,14 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, str
             vals = AUX + b * stride_ob
             mkey = _load_keys(vals, 0, tl.arange(0, MERGE_TILE), m)
             _select(vals, FINAL + b * stride_fb, OUT + b * stride_ob, m, mkey, k, 0, MERGE_TILE, RADIX, OUT_BLOCK,
-                    ANCHOR, 2, OPT)
+                    ANCHOR, 2, REBASE)
     else:
-        _select(row, out, aux, n, key0, k, start, TILE, RADIX, OUT_BLOCK, ANCHOR, STAGE, OPT)
+        _select(row, out, aux, n, key0, k, start, TILE, RADIX, OUT_BLOCK, ANCHOR, STAGE, REBASE)
 
 
 @triton.jit
 def _select(row, out, aux, n, key0, k, start, TILE: tl.constexpr, RADIX: tl.constexpr, OUT_BLOCK: tl.constexpr,
-            ANCHOR: tl.constexpr, STAGE: tl.constexpr, OPT: tl.constexpr):
+            ANCHOR: tl.constexpr, STAGE: tl.constexpr, REBASE: tl.constexpr):
     """The top-k of the n keys at ``row`` (``key0``: its first tile's keys), stored as ``STAGE``
     says (_store), then the -1 (and, stage 1, -inf) padding of the k output slots."""
     offs = tl.arange(0, TILE)
@@ -318,8 +287,23 @@ def _select(row, out, aux, n, key0, k, start, TILE: tl.constexpr, RADIX: tl.cons
         h = _anchor_hist(key0, base, SH, NB)
         for c in range(TILE, n, TILE):
             h += _anchor_hist(_load_keys(row, c, offs, n), base, SH, NB)
-        d, above, in_d, k_rem = _pick_digit(h, bins, k_rem, OPT)
-        hit = d > 0                        # the lowest bucket holds every lower prefix: start from the top
+        d, above, in_d, k_rem = _select_digit(h, bins, k_rem)
+        hit = d > 0                        # the lowest bucket holds every lower prefix: a miss
+        if REBASE:
+            if d == 0:
+                # the k-th largest is over NB - 1 buckets below the largest key: anchor the buckets
+                # at the smallest key instead, upwards (bucket 0 is then exact, the top one takes
+                # every higher prefix); a miss of both starts from the top bit
+                kmin = tl.min(tl.where(key0 != 0, key0, 0xFFFFFFFF), 0)
+                for c in range(TILE, n, TILE):
+                    kt = _load_keys(row, c, offs, n)
+                    kmin = tl.minimum(kmin, tl.min(tl.where(kt != 0, kt, 0xFFFFFFFF), 0))
+                base = (kmin >> SH).to(tl.int32)
+                h = _anchor_hist(key0, base, SH, NB)
+                for c in range(TILE, n, TILE):
+                    h += _anchor_hist(_load_keys(row, c, offs, n), base, SH, NB)
+                d, above, in_d, k_rem = _select_digit(h, bins, k_rem)
+                hit = d < NB - 1
         prefix = tl.where(hit, (base + d).to(tl.uint32) << SH, prefix)      # shifted unsigned: no overflow
         himask = tl.where(hit, ~tl.zeros([], tl.uint32) << SH, himask)
         lo = tl.where(hit, SH, lo)
@@ -331,14 +315,14 @@ def _select(row, out, aux, n, key0, k, start, TILE: tl.constexpr, RADIX: tl.cons
         h = _digit_hist(key0, himask, prefix, new_lo, dmask, NB)
         for c in range(TILE, n, TILE):
             h += _digit_hist(_load_keys(row, c, offs, n), himask, prefix, new_lo, dmask, NB)
-        prefix, himask, k_rem, busy = _refine(h, bins, k_rem, prefix, himask, new_lo, dmask, OPT)
+        prefix, himask, k_rem, busy = _refine(h, bins, k_rem, prefix, himask, new_lo, dmask)
         lo = new_lo
     sel, slot, eq_seen, taken = _emit(key0, himask, prefix, k_rem, 0, 0)
-    _store(out, aux, row, sel, slot, offs, start, key0, STAGE, OPT)
+    _store(out, sel, slot, offs, start, key0, aux, STAGE)
     for c in range(TILE, n, TILE):
         key = _load_keys(row, c, offs, n)
         sel, slot, eq_seen, taken = _emit(key, himask, prefix, k_rem, eq_seen, taken)
-        _store(out, aux, row, sel, slot, c + offs, start, key, STAGE, OPT)
+        _store(out, sel, slot, c + offs, start, key, aux, STAGE)
     o = tl.arange(0, OUT_BLOCK)
     for c in range(0, k, OUT_BLOCK):
         pad = (c + o >= taken) & (c + o < k)
@@ -365,7 +349,8 @@ def topk_triton(logits: torch.Tensor, seq_lens: torch.Tensor, k: int, *, launch:
     contract: ascending positions, ties to the lower position, -1 padded, -inf never chosen).
 
     ``logits`` float32 [B, width] with unit stride along the row (positions >= seq_lens[b] are
-    never read, so they may hold anything); ``seq_lens`` int32 [B] on the same device. ``pages``:
+    never used, so they may hold anything; a chunk may load some of the row's first ``tile``
+    positions past seq_lens[b] before it knows seq_lens[b]); ``seq_lens`` int32 [B] on the same device. ``pages``:
     (page_table [B, P] int32 with unit column stride, num_pages, page_size) for the indexer step:
     each row is then cut before its first live page id outside [0, num_pages), and a seq_len
     outside [0, width] or such a page id is flagged in the error word (dsv4lab.errors), as the
@@ -435,7 +420,7 @@ def _topk_args(launch: TopkLaunch, B, width, k, page_size, guard):
         raise ValueError(f"merge must be 'launch' or 'fused', got {launch.merge!r}")
     opts = dict(RADIX=launch.radix, OUT_BLOCK=min(OUT_BLOCK, next_power_of_2(k)), ANCHOR=launch.anchor,
                 PAGE=page_size, num_warps=launch.num_warps,
-                OPT=int(launch.lean) + 2 * int(launch.early) + 4 * int(launch.vals_from_keys))
+                REBASE=launch.rebase)
     merge_tile = min(launch.tile, next_power_of_2(S * k))
     fused = launch.merge == "fused"
     return (S, dict(opts, TILE=launch.tile, STAGE=0, GUARD=guard),

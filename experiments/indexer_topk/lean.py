@@ -1,9 +1,12 @@
-"""Fewer barriers a pass, the chunk's tile loaded beside seq_len, candidate values from registers,
-and wider radix passes: checks and times, one process.
+"""Pass 0 over four, eight or sixteen octaves, with and without a second anchor after a miss
+(``TopkLaunch.anchor``, ``rebase``), and eight chunks a row: checks and times, one process. This is
+run 3 of experiments/indexer_topk's "lean" runs; runs 1-2 (fewer reductions a pass, wider radix
+passes, the chunk's early load and candidate values from registers as options) and run 4 (the
+merge's positions loaded early) ran variants kept at tags (the README names them).
 
     python experiments/indexer_topk/lean.py OUT.json [--cpu-smoke]
 
-For each launch in ``LAUNCHES`` (the shipped one first): exactness against
+For each launch in ``LAUNCHES``: exactness against
 ``reference.topk_positions`` on random lengths (0, 1, < k among them) and on rows whose whole
 top-k sits in one chunk, bitwise over 20 replays of a captured graph; then the top-k alone in
 one-call graphs at B = 1, 8, 16, 32, 64, 128 (8192 live, max 262208), B = 32 at max 1,048,576,
@@ -25,15 +28,12 @@ from dsv4lab.testing import make_indexer_inputs, poisoned
 QUESTION = "indexer_topk_lean"
 K = 512
 H = 64
-EV = dict(early=True, vals_from_keys=True)
-LAUNCHES = {"shipped": TOPK,
-            "early vals": replace(TOPK, **EV),
-            "ev anchor 11": replace(TOPK, anchor=11, **EV),
-            "ev anchor 10": replace(TOPK, anchor=10, **EV),
-            "ev radix 6 anchor 11": replace(TOPK, radix=6, anchor=11, **EV),
-            "ev radix 6 anchor 12": replace(TOPK, radix=6, anchor=12, **EV),
-            "ev radix 7 anchor 13": replace(TOPK, radix=7, anchor=13, **EV),
-            "ev radix 7 anchor 14": replace(TOPK, radix=7, anchor=14, **EV)}
+LAUNCHES = {"anchor 12": replace(TOPK, anchor=12, rebase=False),
+            "anchor 12 rebase": replace(TOPK, anchor=12, rebase=True),
+            "anchor 11": replace(TOPK, anchor=11, rebase=False),
+            "anchor 11 rebase": replace(TOPK, anchor=11, rebase=True),
+            "anchor 10 rebase": replace(TOPK, anchor=10, rebase=True),
+            "anchor 11 rebase split 8": replace(TOPK, anchor=11, rebase=True, split=8)}
 
 
 def logits_of(B, live, L, seed):
