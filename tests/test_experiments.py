@@ -28,6 +28,7 @@ RUNNABLE = {
     "hopper_decode/stalls.py": [],
     "indexer_page_loop/indexer_sweep.py": [],
     "indexer_topk/run.py": [],
+    "indexer_topk/lean.py": [],
     "indexer_selection_quality/quality.py": [],
     "kernel_loop_prefetch/loops.py": [],
     "pdl_for_the_combine/pdl.py": [],

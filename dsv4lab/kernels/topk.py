@@ -28,15 +28,18 @@ order-preserving integer keys:
 The passes stop as soon as the bucket of the threshold is needed whole (or all 32 bits are
 fixed): on the lab's random indexer inputs (8192 live, k = 512) a numpy replay of the passes takes 3
 in all, against 4-5 without the anchor. A miss used to cost a chunk 4-6 passes from the top bit,
-and a grid's time is its slowest program's: the second anchor makes it one more pass.
+and a grid's time is its slowest program's; the second anchor costs a miss one reduction and one
+histogram, then the usual refining passes.
 A last pass writes the chosen positions. Each pass reads the row from registers when
 it fits in one tile of ``TILE`` positions, else streams the rest of it tile by tile (the first
 tile stays in registers). Every pass costs a histogram over the whole tile (Triton's is built
-from warp ballots, ~44 instructions a key at 32 bins) and a handful of reductions and scans over
-its bins, each a barrier across the program's warps. The GPU's clock inside the programs (H200,
-experiments/topk_clocks) prices a pass at ~0.8 us over 2048 keys and ~2.2 us over 8192: the time
-is passes x (a fixed part + the tile), which is why copying the threshold's bucket out to refine
-or rank it alone measured slower (the copy is a scan over the tile; the barriers stay).
+from warp ballots, ~45 instructions a key at 32 bins, then the warps' counts meet in shared
+memory: two barriers) and a handful of scans and reductions over its 32 bins, which compile to
+warp shuffles (ptxas, sm_90). The GPU's clock inside the programs (H200, experiments/topk_clocks)
+prices a pass at ~0.8 us over 2048 keys and ~2.2 us over 8192: the time is passes x (a fixed
+part + the tile), which is why copying the threshold's bucket out to refine or rank it alone
+measured slower (the copy is a scan over the tile), and why fewer passes on the slowest program
+(the second anchor) is what paid.
 
 The contract (``reference.topk_positions`` is the same in float64):
 

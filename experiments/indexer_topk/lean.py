@@ -25,7 +25,7 @@ from dsv4lab.kernels import indexer, topk
 from dsv4lab.kernels.topk import TOPK, topk_triton
 from dsv4lab.testing import make_indexer_inputs, poisoned
 
-QUESTION = "indexer_topk_lean"
+QUESTION = "indexer_topk"
 K = 512
 H = 64
 LAUNCHES = {"anchor 12": replace(TOPK, anchor=12, rebase=False),
