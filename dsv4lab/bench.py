@@ -145,7 +145,7 @@ def heads_per_read(impl: str, H: int, B: int = 1, K: int = 512) -> int:
         return 1
     if impl == "auto":
         from .kernels import auto
-        impl = auto.chosen(B, H)
+        impl = auto.chosen(B, H, K)
     if impl == "hopper":
         from .kernels import hopper
         return min(H, hopper.BLOCK_H)
@@ -277,7 +277,7 @@ def decode_table(impls, batches, *, H=64, K=512, context=8192, page_size=64, bas
                 row["launch"] = impl_launch(impl, B, H, K).as_dict()
             elif impl == "auto":
                 from .kernels import auto
-                row["ran"] = auto.chosen(B, H)
+                row["ran"] = auto.chosen(B, H, K)
             rows.append(row)
             if log:
                 log(row)

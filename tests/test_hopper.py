@@ -57,12 +57,18 @@ def test_auto_never_dispatches_to_hopper_where_it_cannot_run(monkeypatch):
         assert e_out <= OUT_TOL and e_lse <= LSE_TOL
 
 
-@pytest.mark.parametrize("B,H,want", [(1, 64, "splitk_auto"), (7, 64, "splitk_auto"), (8, 64, "hopper"),
-                                      (128, 64, "hopper"), (4, 128, "hopper"), (3, 128, "splitk_auto"),
-                                      (64, 32, "splitk_auto"), (8, 65, "hopper")])
-def test_auto_rule_on_an_sm90_gpu(B, H, want):
-    """From 8 programs of 64 heads, where the Hopper kernel measured ahead; never below 64 heads."""
-    assert auto.on_hopper(B, H) == want
+@pytest.mark.parametrize("B,H,K,want", [(1, 64, 512, "splitk_auto"), (7, 64, 512, "splitk_auto"),
+                                        (8, 64, 512, "hopper"), (128, 64, 512, "hopper"), (4, 128, 512, "hopper"),
+                                        (3, 128, 512, "splitk_auto"), (64, 32, 512, "splitk_auto"),
+                                        (8, 65, 512, "hopper"), (8, 64, 2048, "hopper"),
+                                        (8, 64, 128, "splitk_auto"), (32, 64, 128, "splitk_auto"),
+                                        (63, 64, 256, "splitk_auto"), (64, 64, 128, "hopper"),
+                                        (32, 128, 128, "hopper"), (128, 64, 127, "splitk_auto")])
+def test_auto_rule_on_an_sm90_gpu(B, H, K, want):
+    """Where the Hopper kernel measured ahead: from 8 programs of 64 heads at K >= 512, from 64 for
+    128 <= K < 512 (at K = 128 it lost up to B = 32); never below K = 128 or 64 heads."""
+    assert auto.on_hopper(B, H, K) == want
+    assert auto.on_hopper(B, H) == auto.on_hopper(B, H, 512)
 
 
 def test_auto_runs_what_its_rule_picks(monkeypatch):
@@ -76,11 +82,11 @@ def test_auto_runs_what_its_rule_picks(monkeypatch):
     auto.picks_hopper.cache_clear()
     monkeypatch.setattr(hopper, "sparse_decode_hopper", fake_hopper)
     try:
-        for B in (7, 8):
-            inp = make_decode_inputs(B, 64, 40, context=64, topk_len=True, sink=True, seed=B)
+        for B, K in ((7, 512), (8, 512), (8, 128)):
+            inp = make_decode_inputs(B, 64, K, context=K + 64, topk_len=True, sink=True, seed=B)
             e_out, e_lse = check_decode("auto", inp)
             assert e_out <= OUT_TOL and e_lse <= LSE_TOL
-        assert calls == [(8, ["attn_sink", "sm_scale", "topk_len"])]
+        assert calls == [(8, ["attn_sink", "sm_scale", "topk_len"])]          # only B = 8 at K = 512
         info = api.impl_info("sparse_decode", "auto")
         assert info.max_scale_byte(8, 64, 512) == hopper.MAX_SCALE_BYTE
         assert info.max_scale_byte(7, 64, 512) == api.impl_info("sparse_decode", "splitk_auto").max_scale_byte(7, 64, 512)

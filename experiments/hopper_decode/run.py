@@ -1,6 +1,6 @@
 """The Hopper-native Gluon kernel (impl "hopper") on the GPU: checks, then timings beside the lab's impls.
 
-    python experiments/hopper_decode/run.py OUT.json [--batches 1 2 4 8 16 32 64 128] [--cpu-smoke]
+    python experiments/hopper_decode/run.py OUT.json [--batches 1 2 4 8 16 32 64 128] [--topk 512] [--cpu-smoke]
 
 1. the compiler's resource report of the kernel as launched (registers, spills, shared memory,
    wgmma shapes, counts of the PTX instructions of its schedule), whole rows and split slices;
@@ -11,7 +11,8 @@
    page sizes 64 and 256, more programs than SMs) against the float64 reference with poisoned
    outputs, and the CUDA-graph replay bitwise equal to the eager call;
 3. determinism: 20 eager reruns bitwise equal, graph replay bitwise (checks.determinism);
-4. timings at each B (H = 64, K = 512, context 8192, page 64): hopper, splitk_auto (named auto in runs
+4. timings at each B (H = 64, K = 512 or ``--topk``, e.g. 128 for SGLang's window call, context
+   8192, page 64): hopper, splitk_auto (named auto in runs
    1-4), mma, mma_story and, from run 5, ``auto`` (which runs hopper or splitk_auto: ``ran``) in one run, interleaved, best of 2 passes: a CUDA graph of one call (graph_us) and per call in a
    graph of 8 calls on copies of the inputs (graph_layer_us), TFLOP/s, and the NSPLIT hopper took;
    where its rule splits, also hopper with half the slices ("hopper nsplit=N").
@@ -74,12 +75,13 @@ def refusal(smoke: bool) -> dict:
 def main(argv=None):
     def options(p):
         p.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128])
+        p.add_argument("--topk", type=int, default=512, help="K: tokens a request attends to (512, or 128: the window)")
         p.add_argument("--resources-only", action="store_true", help="the compiler's report alone (no GPU needed)")
     a = ab.parse_args(__doc__, options, argv)
     if a.resources_only:
         ab.write(a.out, QUESTION, a.smoke, rows=resources(), complete=True)
         return
-    H, K, ctx = (4, 32, 64) if a.smoke else (64, 512, 8192)
+    H, K, ctx = (4, 32, 64) if a.smoke else (64, a.topk, 8192)
     impls = BASELINES if a.smoke else ("hopper", *BASELINES, "auto")
     rows = []
     if a.smoke:
@@ -117,7 +119,7 @@ def main(argv=None):
                 n = int(impl.split("=")[1]) if "=" in impl else hopper.nsplit_for(B, H, K, info().sm_count)
                 row.update(nsplit=n, pdl=hopper.pdl_for(B, H, n, info().sm_count))
             if impl == "auto":
-                row["ran"] = auto.chosen(B, H)
+                row["ran"] = auto.chosen(B, H, K)
             rows.append(row)
             print(row, flush=True)
         del inp
