@@ -33,7 +33,8 @@ LAUNCHES = {"anchor 12": replace(TOPK, anchor=12, rebase=False),
             "anchor 11": replace(TOPK, anchor=11, rebase=False),
             "anchor 11 rebase": replace(TOPK, anchor=11, rebase=True),
             "anchor 10 rebase": replace(TOPK, anchor=10, rebase=True),
-            "anchor 11 rebase split 8": replace(TOPK, anchor=11, rebase=True, split=8)}
+            "anchor 11 rebase split 8": replace(TOPK, anchor=11, rebase=True, split=8),
+            "anchor 11 rebase 16 warps": replace(TOPK, anchor=11, rebase=True, num_warps=16)}
 
 
 def logits_of(B, live, L, seed):
