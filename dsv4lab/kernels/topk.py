@@ -93,6 +93,8 @@ class TopkLaunch:
     split: int | None = None
     merge: str = "fused"
     rebase: bool = True
+    early: bool = True
+    values: str = "keys"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -192,14 +194,17 @@ def key_value(key):
 
 
 @triton.jit
-def _store(out, sel, slot, pos, start, key, aux, STAGE: tl.constexpr):
+def _store(out, sel, slot, pos, start, key, aux, row, STAGE: tl.constexpr, VALUES_FROM_KEYS: tl.constexpr):
     """Store one tile's chosen positions: stage 0 the positions; stage 1 the candidates (position
     start + pos in ``out``, its logit in ``aux``); stage 2 the positions the candidates stand for."""
     if STAGE == 0:
         tl.store(out + slot, pos, mask=sel)
     elif STAGE == 1:
         tl.store(out + slot, start + pos, mask=sel)
-        tl.store(aux + slot, key_value(key), mask=sel)                 # from registers, not reloaded
+        if VALUES_FROM_KEYS:
+            tl.store(aux + slot, key_value(key), mask=sel)             # from registers, not reloaded
+        else:
+            tl.store(aux + slot, tl.load(row + pos, mask=sel), mask=sel)
     else:
         tl.store(out + slot, tl.load(aux + pos, mask=sel), mask=sel)
 
@@ -208,7 +213,8 @@ def _store(out, sel, slot, pos, start, key, aux, STAGE: tl.constexpr):
 def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, stride_ob, stride_fb, num_pages, stride_pb,
                  TILE: tl.constexpr, RADIX: tl.constexpr, OUT_BLOCK: tl.constexpr,
                  ANCHOR: tl.constexpr = 12, STAGE: tl.constexpr = 0, GUARD: tl.constexpr = False,
-                 PAGE: tl.constexpr = 64, MERGE_TILE: tl.constexpr = 32, REBASE: tl.constexpr = True):
+                 PAGE: tl.constexpr = 64, MERGE_TILE: tl.constexpr = 32, REBASE: tl.constexpr = True,
+                 EARLY: tl.constexpr = True, VALUES_FROM_KEYS: tl.constexpr = True):
     """STAGE 0: the top-k of row b's live prefix. STAGE 1 (grid (B, S)): the top-k of chunk s of
     it, written as k candidates (positions to OUT, logits to AUX: [B, S*k], chunk s at s*k, -1 /
     -inf padded). STAGE 2: the top-k of a row's S*k candidates (X), emitted as the positions AUX
@@ -223,7 +229,7 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, str
     if STAGE == 2:
         n = width                                                      # every candidate (padding is -inf)
         aux = AUX + b * stride_xb
-    elif STAGE % 2 == 1:
+    elif STAGE % 2 == 1 and EARLY:
         # chunks of TILE positions while the row fits S of them: chunk s starts at s * TILE whatever
         # seq_len says, so its tile's load goes out beside seq_len's instead of after it
         first = s * TILE + offs
@@ -239,9 +245,13 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, str
     else:
         n = tl.minimum(tl.maximum(tl.load(SEQ + b), 0), width)
         aux = AUX + b * stride_ob + s * k
+        if STAGE % 2 == 1:
+            chunk = (n + tl.num_programs(1) - 1) // tl.num_programs(1)
+            start = s * chunk
+            n = tl.maximum(tl.minimum(n - start, chunk), 0)
     row = X + b * stride_xb + start
     out = OUT + b * stride_ob + s * k
-    if STAGE % 2 == 1:
+    if STAGE % 2 == 1 and EARLY:
         key0 = order_keys(x0, offs < n)
     else:
         key0 = _load_keys(row, 0, offs, n)                             # the first tile stays in registers
@@ -252,7 +262,7 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, str
         key0 = tl.where(offs < n, key0, 0)
         tl.atomic_or(ERR, flags, mask=(flags != 0) & (s == 0))
     if STAGE == 3:
-        _select(row, out, aux, n, key0, k, start, TILE, RADIX, OUT_BLOCK, ANCHOR, 1, REBASE)
+        _select(row, out, aux, n, key0, k, start, TILE, RADIX, OUT_BLOCK, ANCHOR, 1, REBASE, VALUES_FROM_KEYS)
         # every thread's candidate stores before the ticket's release (barrier + acq_rel atomic);
         # the last ticket resets the counter, so a CUDA graph replays from zero
         tl.debug_barrier()
@@ -263,14 +273,14 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, str
             vals = AUX + b * stride_ob
             mkey = _load_keys(vals, 0, tl.arange(0, MERGE_TILE), m)
             _select(vals, FINAL + b * stride_fb, OUT + b * stride_ob, m, mkey, k, 0, MERGE_TILE, RADIX, OUT_BLOCK,
-                    ANCHOR, 2, REBASE)
+                    ANCHOR, 2, REBASE, VALUES_FROM_KEYS)
     else:
-        _select(row, out, aux, n, key0, k, start, TILE, RADIX, OUT_BLOCK, ANCHOR, STAGE, REBASE)
+        _select(row, out, aux, n, key0, k, start, TILE, RADIX, OUT_BLOCK, ANCHOR, STAGE, REBASE, VALUES_FROM_KEYS)
 
 
 @triton.jit
 def _select(row, out, aux, n, key0, k, start, TILE: tl.constexpr, RADIX: tl.constexpr, OUT_BLOCK: tl.constexpr,
-            ANCHOR: tl.constexpr, STAGE: tl.constexpr, REBASE: tl.constexpr):
+            ANCHOR: tl.constexpr, STAGE: tl.constexpr, REBASE: tl.constexpr, VALUES_FROM_KEYS: tl.constexpr):
     """The top-k of the n keys at ``row`` (``key0``: its first tile's keys), stored as ``STAGE``
     says (_store), then the -1 (and, stage 1, -inf) padding of the k output slots."""
     offs = tl.arange(0, TILE)
@@ -321,11 +331,11 @@ def _select(row, out, aux, n, key0, k, start, TILE: tl.constexpr, RADIX: tl.cons
         prefix, himask, k_rem, busy = _refine(h, bins, k_rem, prefix, himask, new_lo, dmask)
         lo = new_lo
     sel, slot, eq_seen, taken = _emit(key0, himask, prefix, k_rem, 0, 0)
-    _store(out, sel, slot, offs, start, key0, aux, STAGE)
+    _store(out, sel, slot, offs, start, key0, aux, row, STAGE, VALUES_FROM_KEYS)
     for c in range(TILE, n, TILE):
         key = _load_keys(row, c, offs, n)
         sel, slot, eq_seen, taken = _emit(key, himask, prefix, k_rem, eq_seen, taken)
-        _store(out, sel, slot, c + offs, start, key, aux, STAGE)
+        _store(out, sel, slot, c + offs, start, key, aux, row, STAGE, VALUES_FROM_KEYS)
     o = tl.arange(0, OUT_BLOCK)
     for c in range(0, k, OUT_BLOCK):
         pad = (c + o >= taken) & (c + o < k)
@@ -423,7 +433,7 @@ def _topk_args(launch: TopkLaunch, B, width, k, page_size, guard):
         raise ValueError(f"merge must be 'launch' or 'fused', got {launch.merge!r}")
     opts = dict(RADIX=launch.radix, OUT_BLOCK=min(OUT_BLOCK, next_power_of_2(k)), ANCHOR=launch.anchor,
                 PAGE=page_size, num_warps=launch.num_warps,
-                REBASE=launch.rebase)
+                REBASE=launch.rebase, EARLY=launch.early, VALUES_FROM_KEYS=launch.values == "keys")
     merge_tile = min(launch.tile, next_power_of_2(S * k))
     fused = launch.merge == "fused"
     return (S, dict(opts, TILE=launch.tile, STAGE=0, GUARD=guard),
