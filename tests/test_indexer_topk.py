@@ -162,7 +162,7 @@ def test_rows_split_over_programs_are_the_contract(split, ks, merge):
     x[1] = torch.randint(0, 3, (301,), generator=g).float()     # few distinct values: ties everywhere
     x[2, 5:290] = -math.inf
     x[3] = -x[3].abs()
-    x[4, 100:] = float("nan")                                    # past seq_len: never read
+    x[4, 100:] = float("nan")                                    # past seq_len: never used
     n = _lens(301, 301, 301, 37, 100, 0)
     launch = TopkLaunch(tile=256, split=split, merge=merge)
     for k in ks:
@@ -263,7 +263,7 @@ def test_dead_page_table_entries_hold_anything(junk):
 @pytest.mark.parametrize("prefetch,split,merge", [(0, 1, "fused"), (1, 1, "fused"), (2, 4, "fused"), (2, 4, "launch")])
 def test_a_bad_live_page_id_is_never_read(prefetch, split, merge):
     # what a captured graph would see with a corrupt page table (the API's check cannot run there):
-    # the logits kernel scores that page's 64 positions -inf (never read); the step cuts the request
+    # the logits kernel scores that page's 64 positions -inf (never used); the step cuts the request
     # there (the API's contract: nothing from that page on is chosen) and flags it
     inp = make_indexer_inputs(3, 16, 400, seq_lens=[400, 300, 130], seed=6)
     ref, _ = _step_ref(inp, 40)

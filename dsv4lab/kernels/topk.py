@@ -15,10 +15,10 @@ order-preserving integer keys:
              (an unsigned key that orders exactly like the float; -0.0 and +0.0 share one key)
 
     pass 0: the row's largest key anchors 2^RADIX buckets (32): the 31 ``ANCHOR``-bit key prefixes
-            at and below the largest one's (1/4 octave each for 11 bits: eight octaves of values)
-            and one for everything lower. The bucket holding the k-th largest fixes the first
-            ``ANCHOR`` bits of the threshold, unless it is the lowest one (a miss: the k-th
-            largest is negative, or more than eight octaves below the maximum). Then the row's
+            at and below the largest one's (1/4 octave each for 11 bits: almost eight octaves of
+            values) and one for everything lower. The bucket holding the k-th largest fixes the
+            first ``ANCHOR`` bits of the threshold, unless it is the lowest one (a miss: the k-th
+            largest lies below them all, e.g. negative under a positive maximum). Then the row's
             smallest key anchors the buckets upwards (``rebase``), and only if the k-th largest
             is in the top one of those too do the passes start from the top bit.
     pass p: histogram of the next RADIX bits of the keys that match the prefix fixed so far,
@@ -27,9 +27,9 @@ order-preserving integer keys:
 
 The passes stop as soon as the bucket of the threshold is needed whole (or all 32 bits are
 fixed): on the lab's random indexer inputs (8192 live, k = 512) a numpy replay of the passes takes 3
-in all, against 4-5 without the anchor. A miss used to cost a chunk 4-6 passes from the top bit,
-and a grid's time is its slowest program's; the second anchor costs a miss one reduction and one
-histogram, then the usual refining passes.
+in all, against 4-5 without the anchor. A grid's time is its slowest program's, and a miss cost a
+chunk 4-6 passes from the top bit (the same replay); the second anchor costs a miss one reduction
+and one histogram, then the usual refining passes.
 A last pass writes the chosen positions. Each pass reads the row from registers when
 it fits in one tile of ``TILE`` positions, else streams the rest of it tile by tile (the first
 tile stays in registers). Every pass costs a histogram over the whole tile (Triton's is built
@@ -38,8 +38,10 @@ memory: two barriers) and a handful of scans and reductions over its 32 bins, wh
 warp shuffles (ptxas, sm_90). The GPU's clock inside the programs (H200, experiments/topk_clocks)
 prices a pass at ~0.8 us over 2048 keys and ~2.2 us over 8192: the time is passes x (a fixed
 part + the tile), which is why copying the threshold's bucket out to refine or rank it alone
-measured slower (the copy is a scan over the tile), and why fewer passes on the slowest program
-(the second anchor) is what paid.
+measured slower (the copy is a scan over the tile), and why what paid was fewer misses on the
+slowest program: pass 0 over eight octaves instead of four (-1.6 us at B = 32, 8192 live), and
+where one still misses, the second anchor (-1.2 to -2.7 us at B = 8, 64, 128 and 5000 live;
+experiments/indexer_topk, lean runs).
 
 The contract (``reference.topk_positions`` is the same in float64):
 
@@ -82,7 +84,7 @@ class TopkLaunch:
     among the same way (a tile of min(``tile``, S*k rounded up to a power of two)). While a row
     fits S tiles of ``tile / S`` its chunks are those tiles instead (chunk s starts at s*tile/S
     whatever seq_len says, so the chunk's load is issued beside seq_len's, not after it; the
-    positions it reads past seq_len are never used). ``merge``
+    positions it loads past seq_len are never used). ``merge``
     (S > 1): "fused", the row's last chunk program to finish does that in the chunk launch (one
     launch in all); "launch", a second launch of B programs does it. ``rebase``: after a miss of
     pass 0, anchor its buckets again at the smallest key."""
@@ -93,8 +95,6 @@ class TopkLaunch:
     split: int | None = None
     merge: str = "fused"
     rebase: bool = True
-    early: bool = True
-    values: str = "keys"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -103,8 +103,8 @@ class TopkLaunch:
 #: the shipped launch: tile 8192, 5-bit passes, 8 warps, split from ``split_for``, the merge fused into
 #: the chunk launch (H200, B = 32, live 8192: 18.8 us, against 20.5 us with a merge launch and
 #: 22.6 us with S = 1; experiments/indexer_topk, run 8), pass 0 over eight octaves with a second
-#: anchor after a miss (16.7-17.1 us against 18.3-18.6 for four octaves and no second anchor;
-#: experiments/indexer_topk, lean runs 3-4)
+#: anchor after a miss, each chunk's tile loaded beside seq_len (16.6-16.7 us; 18.3-18.7 for four
+#: octaves and no second anchor; experiments/indexer_topk, lean runs 3-6)
 TOPK = TopkLaunch()
 #: output positions one store of the -1 padding covers
 OUT_BLOCK = 1024
@@ -187,24 +187,14 @@ def _emit(key, himask, prefix, k_rem, eq_seen, taken):
 
 
 @triton.jit
-def key_value(key):
-    """The float32 a key stands for (order_keys' inverse; -0.0 comes back as +0.0)."""
-    s = (key ^ 0x80000000).to(tl.int32, bitcast=True)
-    return (s ^ ((s >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _store(out, sel, slot, pos, start, key, aux, row, STAGE: tl.constexpr, VALUES_FROM_KEYS: tl.constexpr):
+def _store(out, aux, row, sel, slot, pos, start, STAGE: tl.constexpr):
     """Store one tile's chosen positions: stage 0 the positions; stage 1 the candidates (position
     start + pos in ``out``, its logit in ``aux``); stage 2 the positions the candidates stand for."""
     if STAGE == 0:
         tl.store(out + slot, pos, mask=sel)
     elif STAGE == 1:
         tl.store(out + slot, start + pos, mask=sel)
-        if VALUES_FROM_KEYS:
-            tl.store(aux + slot, key_value(key), mask=sel)             # from registers, not reloaded
-        else:
-            tl.store(aux + slot, tl.load(row + pos, mask=sel), mask=sel)
+        tl.store(aux + slot, tl.load(row + pos, mask=sel), mask=sel)
     else:
         tl.store(out + slot, tl.load(aux + pos, mask=sel), mask=sel)
 
@@ -212,9 +202,8 @@ def _store(out, sel, slot, pos, start, key, aux, row, STAGE: tl.constexpr, VALUE
 @triton.jit
 def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, stride_ob, stride_fb, num_pages, stride_pb,
                  TILE: tl.constexpr, RADIX: tl.constexpr, OUT_BLOCK: tl.constexpr,
-                 ANCHOR: tl.constexpr = 12, STAGE: tl.constexpr = 0, GUARD: tl.constexpr = False,
-                 PAGE: tl.constexpr = 64, MERGE_TILE: tl.constexpr = 32, REBASE: tl.constexpr = True,
-                 EARLY: tl.constexpr = True, VALUES_FROM_KEYS: tl.constexpr = True):
+                 ANCHOR: tl.constexpr = 11, STAGE: tl.constexpr = 0, GUARD: tl.constexpr = False,
+                 PAGE: tl.constexpr = 64, MERGE_TILE: tl.constexpr = 32, REBASE: tl.constexpr = True):
     """STAGE 0: the top-k of row b's live prefix. STAGE 1 (grid (B, S)): the top-k of chunk s of
     it, written as k candidates (positions to OUT, logits to AUX: [B, S*k], chunk s at s*k, -1 /
     -inf padded). STAGE 2: the top-k of a row's S*k candidates (X), emitted as the positions AUX
@@ -229,7 +218,7 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, str
     if STAGE == 2:
         n = width                                                      # every candidate (padding is -inf)
         aux = AUX + b * stride_xb
-    elif STAGE % 2 == 1 and EARLY:
+    elif STAGE % 2 == 1:
         # chunks of TILE positions while the row fits S of them: chunk s starts at s * TILE whatever
         # seq_len says, so its tile's load goes out beside seq_len's instead of after it
         first = s * TILE + offs
@@ -245,13 +234,9 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, str
     else:
         n = tl.minimum(tl.maximum(tl.load(SEQ + b), 0), width)
         aux = AUX + b * stride_ob + s * k
-        if STAGE % 2 == 1:
-            chunk = (n + tl.num_programs(1) - 1) // tl.num_programs(1)
-            start = s * chunk
-            n = tl.maximum(tl.minimum(n - start, chunk), 0)
     row = X + b * stride_xb + start
     out = OUT + b * stride_ob + s * k
-    if STAGE % 2 == 1 and EARLY:
+    if STAGE % 2 == 1:
         key0 = order_keys(x0, offs < n)
     else:
         key0 = _load_keys(row, 0, offs, n)                             # the first tile stays in registers
@@ -262,7 +247,7 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, str
         key0 = tl.where(offs < n, key0, 0)
         tl.atomic_or(ERR, flags, mask=(flags != 0) & (s == 0))
     if STAGE == 3:
-        _select(row, out, aux, n, key0, k, start, TILE, RADIX, OUT_BLOCK, ANCHOR, 1, REBASE, VALUES_FROM_KEYS)
+        _select(row, out, aux, n, key0, k, start, TILE, RADIX, OUT_BLOCK, ANCHOR, 1, REBASE)
         # every thread's candidate stores before the ticket's release (barrier + acq_rel atomic);
         # the last ticket resets the counter, so a CUDA graph replays from zero
         tl.debug_barrier()
@@ -273,14 +258,14 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, str
             vals = AUX + b * stride_ob
             mkey = _load_keys(vals, 0, tl.arange(0, MERGE_TILE), m)
             _select(vals, FINAL + b * stride_fb, OUT + b * stride_ob, m, mkey, k, 0, MERGE_TILE, RADIX, OUT_BLOCK,
-                    ANCHOR, 2, REBASE, VALUES_FROM_KEYS)
+                    ANCHOR, 2, REBASE)
     else:
-        _select(row, out, aux, n, key0, k, start, TILE, RADIX, OUT_BLOCK, ANCHOR, STAGE, REBASE, VALUES_FROM_KEYS)
+        _select(row, out, aux, n, key0, k, start, TILE, RADIX, OUT_BLOCK, ANCHOR, STAGE, REBASE)
 
 
 @triton.jit
 def _select(row, out, aux, n, key0, k, start, TILE: tl.constexpr, RADIX: tl.constexpr, OUT_BLOCK: tl.constexpr,
-            ANCHOR: tl.constexpr, STAGE: tl.constexpr, REBASE: tl.constexpr, VALUES_FROM_KEYS: tl.constexpr):
+            ANCHOR: tl.constexpr, STAGE: tl.constexpr, REBASE: tl.constexpr):
     """The top-k of the n keys at ``row`` (``key0``: its first tile's keys), stored as ``STAGE``
     says (_store), then the -1 (and, stage 1, -inf) padding of the k output slots."""
     offs = tl.arange(0, TILE)
@@ -331,11 +316,10 @@ def _select(row, out, aux, n, key0, k, start, TILE: tl.constexpr, RADIX: tl.cons
         prefix, himask, k_rem, busy = _refine(h, bins, k_rem, prefix, himask, new_lo, dmask)
         lo = new_lo
     sel, slot, eq_seen, taken = _emit(key0, himask, prefix, k_rem, 0, 0)
-    _store(out, sel, slot, offs, start, key0, aux, row, STAGE, VALUES_FROM_KEYS)
+    _store(out, aux, row, sel, slot, offs, start, STAGE)
     for c in range(TILE, n, TILE):
-        key = _load_keys(row, c, offs, n)
-        sel, slot, eq_seen, taken = _emit(key, himask, prefix, k_rem, eq_seen, taken)
-        _store(out, sel, slot, c + offs, start, key, aux, row, STAGE, VALUES_FROM_KEYS)
+        sel, slot, eq_seen, taken = _emit(_load_keys(row, c, offs, n), himask, prefix, k_rem, eq_seen, taken)
+        _store(out, aux, row, sel, slot, c + offs, start, STAGE)
     o = tl.arange(0, OUT_BLOCK)
     for c in range(0, k, OUT_BLOCK):
         pad = (c + o >= taken) & (c + o < k)
@@ -433,7 +417,7 @@ def _topk_args(launch: TopkLaunch, B, width, k, page_size, guard):
         raise ValueError(f"merge must be 'launch' or 'fused', got {launch.merge!r}")
     opts = dict(RADIX=launch.radix, OUT_BLOCK=min(OUT_BLOCK, next_power_of_2(k)), ANCHOR=launch.anchor,
                 PAGE=page_size, num_warps=launch.num_warps,
-                REBASE=launch.rebase, EARLY=launch.early, VALUES_FROM_KEYS=launch.values == "keys")
+                REBASE=launch.rebase)
     merge_tile = min(launch.tile, next_power_of_2(S * k))
     fused = launch.merge == "fused"
     return (S, dict(opts, TILE=launch.tile, STAGE=0, GUARD=guard),

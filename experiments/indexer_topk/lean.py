@@ -28,10 +28,13 @@ from dsv4lab.testing import make_indexer_inputs, poisoned
 QUESTION = "indexer_topk"
 K = 512
 H = 64
-LAUNCHES = {"shipped": TOPK,
-            "early, reload": replace(TOPK, values="reload"),
-            "late, keys": replace(TOPK, early=False),
-            "late, reload": replace(TOPK, early=False, values="reload")}
+LAUNCHES = {"anchor 12": replace(TOPK, anchor=12, rebase=False),
+            "anchor 12 rebase": replace(TOPK, anchor=12, rebase=True),
+            "anchor 11": replace(TOPK, anchor=11, rebase=False),
+            "anchor 11 rebase": replace(TOPK, anchor=11, rebase=True),
+            "anchor 10 rebase": replace(TOPK, anchor=10, rebase=True),
+            "anchor 11 rebase split 8": replace(TOPK, anchor=11, rebase=True, split=8),
+            "anchor 11 rebase 16 warps": replace(TOPK, anchor=11, rebase=True, num_warps=16)}
 
 
 def logits_of(B, live, L, seed):
