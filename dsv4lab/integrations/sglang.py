@@ -7,7 +7,8 @@ entries), so every caller inside SGLang sees the change:
   SGLang's ``flash_mla_sparse_decode_triton`` calls it once for the sliding-window cache and once
   for the compressed cache, then merges the two by LSE and applies the attention sink; the merge
   and the sink stay SGLang's. It becomes :func:`lab_sparse_decode` (``impl="auto"``: on an
-  sm_90 GPU the Hopper kernel from B = 8, else split-K with tiles and NSPLIT by shape).
+  sm_90 GPU the Hopper kernel from B = 8 for the compressed cache's 512 tokens and from B = 64
+  for the window's 128, else split-K with tiles and NSPLIT by shape).
 * **indexer**: ``fp8_paged_mqa_logits_torch_sm120`` in ``sglang.srt.layers.attention.dsv4.indexer``,
   the indexer's CUDA-graph-safe torch fallback (it scores the maximum context every step). It
   becomes :func:`lab_paged_mqa_logits`, the lab's Triton indexer (it reads live pages only).

@@ -6,9 +6,10 @@
   (B = 128) the best of ``splitk_auto`` and ``mma`` in the same run; below it, 0.74-0.83x (B = 1-4:
   its program is a chain of fixed latencies; experiments/hopper_decode, runs 4 and 5). With fewer
   tokens a program those fixed latencies weigh more: at K = 128 (SGLang's window call) it lost to
-  ``splitk_auto`` up to B = 32 (0.71-0.84x) and won from B = 64 (1.07x, 1.17x at B = 128;
+  ``splitk_auto`` up to B = 32 (0.71-0.84x) and won from B = 64 (1.06x, 1.17x at B = 128;
   experiments/hopper_decode, run k128), so for 128 <= K < 512 it runs from
-  ``HOPPER_FROM_PROGRAMS_SHORT_K`` programs, and below K = 128 (not measured) never. Below 64 heads
+  ``HOPPER_FROM_PROGRAMS_SHORT_K`` programs, and below K = 128 never. Measured: K = 512 and 128 at
+  64 heads; K between them, above 512, or 128 heads follow the rule unmeasured. Below 64 heads
   it would pad its 64-row wgmma tile.
 * ``splitk_auto`` everywhere else: the story's stage-S2 kernel with tiles and NSPLIT from the
   launch-time model (kernels/split_k.py), which Triton's interpreter also runs on a CPU.
