@@ -114,6 +114,15 @@ def test_chunks_start_before_seq_len_is_known(split):
         assert torch.equal(_topk(x, n, k, TopkLaunch(tile=256, split=split)), want), k
 
 
+def test_a_whole_tile_above_the_threshold():
+    # the emit counts keys above and at the threshold in one 32-bit scan: a tile of 32768 keys all
+    # above it fills the top bit (a signed scan read it as negative and stored nothing)
+    x = -torch.arange(40000.0).reshape(1, -1)
+    for k in (32768, 39000):
+        want = reference.topk_positions(x, k)
+        assert torch.equal(_topk(x, _lens(40000), k, TopkLaunch(tile=32768, split=1)), want), k
+
+
 def test_short_rows_empty_rows_and_k_past_the_width():
     x = torch.randn(3, 50)
     got = _topk(x, _lens(7, 0, 50), 64)               # k > width > some seq_lens

@@ -169,20 +169,21 @@ def _load_keys(row, c, offs, n):
 def _emit(key, himask, prefix, k_rem, eq_seen, taken):
     """Which keys of one tile are chosen and their output slots, and the running counts (keys
     equal to the threshold seen so far, positions stored so far). One scan for both counts: keys
-    above the threshold in the high 16 bits, keys at it in the low 16 (a tile holds < 2^16)."""
+    above the threshold in the high 16 bits, keys at it in the low 16 of a uint32 (a tile holds at
+    most 2^15 keys: a tile all above the threshold fills bit 31, which an int32 would sign)."""
     top = key & himask
     ok = key != 0
     gt = (ok & (top > prefix)).to(tl.int32)
     eq = (ok & (top == prefix)).to(tl.int32)
-    packed = (gt << 16) | eq
+    packed = (gt.to(tl.uint32) << 16) | eq.to(tl.uint32)
     c = tl.cumsum(packed, 0)
-    gt_before = (c >> 16) - gt                                       # in this tile, exclusive
-    eq_before = eq_seen + (c & 0xFFFF) - eq                          # in the row, exclusive
+    gt_before = (c >> 16).to(tl.int32) - gt                          # in this tile, exclusive
+    eq_before = eq_seen + (c & 0xFFFF).to(tl.int32) - eq             # in the row, exclusive
     sel = (gt != 0) | ((eq != 0) & (eq_before < k_rem))              # ties: the lower positions first
     slot = taken + gt_before + tl.minimum(eq_before, k_rem) - tl.minimum(eq_seen, k_rem)
     tot = tl.sum(packed, 0)                                          # both counts in one reduction
-    n_gt = tot >> 16
-    n_eq = tot & 0xFFFF
+    n_gt = (tot >> 16).to(tl.int32)
+    n_eq = (tot & 0xFFFF).to(tl.int32)
     return sel, slot, eq_seen + n_eq, taken + n_gt + tl.minimum(eq_seen + n_eq, k_rem) - tl.minimum(eq_seen, k_rem)
 
 
