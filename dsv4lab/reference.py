@@ -83,14 +83,15 @@ def topk_indices(logits, k: int):
 
 def topk_positions(logits, k: int):
     """The k largest logits per row that are not -inf, as positions in ascending order, ties at
-    the k-th value going to the lower positions; -1 after them when a row has fewer than k such
-    logits. int32 [B, k]. The exact contract of ``indexer_topk(impl="triton")`` (kernels/topk.py),
-    by a stable sort in float64."""
+    the k-th value going to the lower positions, a NaN above every number (as torch.topk); -1
+    after them when a row has fewer than k such logits. int32 [B, k]. The exact contract of
+    ``indexer_topk(impl="triton")`` (kernels/topk.py), by a stable sort in float64 (which puts NaN
+    first when descending)."""
     B, L = logits.shape
     x = logits.double().cpu()
     out = torch.full((B, k), -1, dtype=torch.int32)
     for b in range(B):
-        pos = torch.nonzero(x[b] > -math.inf).flatten()
+        pos = torch.nonzero(x[b] != -math.inf).flatten()
         order = torch.sort(x[b, pos], descending=True, stable=True).indices[:k]   # stable: lower position first
         chosen = torch.sort(pos[order]).values
         out[b, :len(chosen)] = chosen.int()

@@ -62,6 +62,32 @@ def test_ties_go_to_the_lower_positions(launch):
     assert torch.equal(got, reference.topk_positions(x, 11))
 
 
+@pytest.mark.parametrize("launch", [None, SMALL, TopkLaunch(tile=256, split=4),
+                                    TopkLaunch(tile=256, split=2, merge="launch")],
+                         ids=["one tile", "tiles of 64", "chunks", "merge launch"])
+def test_nan_is_above_every_number_as_in_torch_topk(launch):
+    # a NaN logit (never a real score: a corrupt input) is chosen first, whatever its sign and
+    # payload, ties among NaNs to the lower positions; past seq_len it is never read
+    g = torch.Generator().manual_seed(13)
+    x = torch.randn(4, 500, generator=g)
+    bits = x.view(torch.int32)
+    bits[0, 7] = 0x7FC00000                    # the canonical NaN
+    bits[0, 300] = -0x00400000                 # 0xFFC00000: a negative NaN
+    bits[1, 450] = 0x7F800001                  # the smallest NaN payload
+    bits[1, 2] = -1                            # 0xFFFFFFFF: negative, every payload bit
+    x[2, ::3] = math.nan                       # more NaNs than k: the lower positions
+    x[3, 100:] = math.nan                      # past seq_len
+    n = _lens(500, 500, 500, 90)
+    live = x.masked_fill(torch.arange(500) >= n[:, None], -math.inf)
+    for k in (1, 3, 200):
+        want = reference.topk_positions(live, k)
+        assert torch.equal(_topk(x, n, k, launch), want), k
+    top3 = reference.topk_positions(live, 3)
+    assert {7, 300} < set(top3[0].tolist()) and {2, 450} < set(top3[1].tolist()) and top3[2].tolist() == [0, 3, 6]
+    for r in (0, 1, 3):                        # the same set as torch.topk where NaNs do not tie for the last place
+        assert sorted(torch.topk(live[r], 3).indices.tolist()) == top3[r].tolist()
+
+
 @pytest.mark.parametrize("launch", [None, SMALL], ids=["one tile", "tiles of 64"])
 def test_extreme_value_ranges(launch):
     # values at fp32's edges, inf, every value equal, subnormals and signed zeros, two far clusters

@@ -46,7 +46,9 @@ experiments/indexer_topk, lean runs).
 The contract (``reference.topk_positions`` is the same in float64):
 
 * the k largest logits among the positions t < seq_len whose logit is not -inf (a dead or
-  unreadable position is never chosen); ties at the k-th value go to the lower positions;
+  unreadable position is never chosen); ties at the k-th value go to the lower positions; a NaN
+  counts as larger than every number, as in ``torch.topk`` (so a NaN read past seq_len would be
+  chosen first: the lab's tests write NaN there);
 * output int32 [B, k], the chosen positions in **ascending position order**, then -1 for
   the rest of the row when fewer than k positions qualify (seq_len < k, seq_len 0, -inf);
 * ``seq_lens`` are clamped to [0, width], as the logits kernel clamps them.
@@ -112,8 +114,10 @@ OUT_BLOCK = 1024
 
 @triton.jit
 def order_keys(x, n_ok):
-    """uint32 keys ordered like the float32 ``x``; 0 (no float has it) where ``~n_ok`` or x is -inf."""
+    """uint32 keys ordered like the float32 ``x``, every NaN above +inf (one key, whatever its sign
+    and payload: as torch.topk orders them); 0 (no float has it) where ``~n_ok`` or x is -inf."""
     i = tl.where(x == 0.0, 0, x.to(tl.int32, bitcast=True))           # -0.0 -> +0.0
+    i = tl.where(x != x, 0x7FFFFFFF, i)                              # NaN -> the largest key
     s = i ^ ((i >> 31) & 0x7FFFFFFF)                                 # signed key: negatives reversed
     u = (s ^ -2147483648).to(tl.uint32, bitcast=True)                # flip the sign bit: unsigned order
     return tl.where(n_ok & (x != float("-inf")), u, 0)
