@@ -73,6 +73,7 @@ def test_nan_is_above_every_number_as_in_torch_topk(launch):
     bits = x.view(torch.int32)
     bits[0, 7] = 0x7FC00000                    # the canonical NaN
     bits[0, 300] = -0x00400000                 # 0xFFC00000: a negative NaN
+    x[0, 5] = math.inf                         # below both
     bits[1, 450] = 0x7F800001                  # the smallest NaN payload
     bits[1, 2] = -1                            # 0xFFFFFFFF: negative, every payload bit
     x[2, ::3] = math.nan                       # more NaNs than k: the lower positions
@@ -83,7 +84,8 @@ def test_nan_is_above_every_number_as_in_torch_topk(launch):
         want = reference.topk_positions(live, k)
         assert torch.equal(_topk(x, n, k, launch), want), k
     top3 = reference.topk_positions(live, 3)
-    assert {7, 300} < set(top3[0].tolist()) and {2, 450} < set(top3[1].tolist()) and top3[2].tolist() == [0, 3, 6]
+    assert top3[0].tolist() == [5, 7, 300] and {2, 450} < set(top3[1].tolist()) and top3[2].tolist() == [0, 3, 6]
+    assert reference.topk_positions(live, 2)[0].tolist() == [7, 300]          # the NaNs above +inf
     for r in (0, 1, 3):                        # the same set as torch.topk where NaNs do not tie for the last place
         assert sorted(torch.topk(live[r], 3).indices.tolist()) == top3[r].tolist()
 

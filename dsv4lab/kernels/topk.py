@@ -12,7 +12,8 @@ top-k, so both steps together give the contract below exactly. The select is a r
 order-preserving integer keys:
 
     key(x) = bits(x) with the sign bit flipped for x >= 0 and all bits flipped for x < 0
-             (an unsigned key that orders exactly like the float; -0.0 and +0.0 share one key)
+             (an unsigned key that orders exactly like the float; -0.0 and +0.0 share one key),
+             and 0xFFFFFFFF, above +inf's, for every NaN
 
     pass 0: the row's largest key anchors 2^RADIX buckets (32): the 31 ``ANCHOR``-bit key prefixes
             at and below the largest one's (1/4 octave each for 11 bits: almost eight octaves of
