@@ -234,3 +234,54 @@ def test_topk_splits_on_the_gpu_are_the_contract_bitwise_and_graph_safe(split, m
     got = topk_triton(x, inp.seq_lens, 512, launch=launch)
     assert torch.equal(got.cpu(), reference.topk_positions(x.cpu(), 512))
     _same_20_times_and_in_a_graph(lambda: topk_triton(x, inp.seq_lens, 512, launch=launch))
+
+
+def _hard_rows(width, seed):
+    """Rows every select must get right: ties, -inf, negatives under a positive maximum, one huge
+    value, values spread over sixty decades, fp32's edges, signed zeros, NaN past seq_len, and the
+    whole top-k in one chunk."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(12, width, generator=g)
+    x[1] = torch.randint(0, 3, (width,), generator=g).float()
+    x[2, 5:width - 11] = -math.inf
+    x[3] -= 3.0
+    x[4, width // 2] = 1e6
+    x[5] = torch.exp(torch.linspace(-69, 69, width))[torch.randperm(width, generator=g)]
+    x[6, 3], x[6, 9] = 3e38, -3e38
+    x[7, :20], x[7, 20:40] = -0.0, 0.0
+    x[8, ::7] = -1e30
+    x[9, width - width // 8:] += 1e4
+    x[10] = 0.25
+    n = torch.tensor([width, width, width, width, width - 1, width, 613, 41, width, width, 0, width // 3 + 1],
+                     dtype=torch.int32)
+    x[11, int(n[11]):] = float("nan")
+    return x, n
+
+
+def _live(x, n):
+    return x.cpu().masked_fill(torch.arange(x.shape[1]) >= n.cpu()[:, None].long(), -math.inf)
+
+
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("tile,split,merge", [(8192, None, "fused"), (1024, 1, "fused"), (256, 2, "fused"),
+                                              (1024, 4, "fused"), (2048, 8, "launch")])
+def test_topk_on_hard_rows_and_replayed_on_new_data(tile, split, merge):
+    """The top-k's launches on the GPU on rows that miss either anchor, ties across chunk edges,
+    chunks longer than their tile, empty and short rows: the contract at several k, bitwise over
+    reruns, and one captured graph replayed on other rows and lengths."""
+    from dsv4lab.kernels.topk import TopkLaunch, topk_triton
+    launch = TopkLaunch(tile=tile, split=split, merge=merge)
+    x, n = _hard_rows(3000, 3)
+    x, n = x.cuda(), n.cuda()
+    for k in (1, 37, 512, 2999):
+        assert torch.equal(topk_triton(x, n, k, launch=launch).cpu(), reference.topk_positions(_live(x, n), k)), k
+    _same_20_times_and_in_a_graph(lambda: topk_triton(x, n, 512, launch=launch))
+    g, res = _capture(lambda: topk_triton(x, n, 512, launch=launch))
+    for seed in (4, 5):
+        y, m = _hard_rows(3000, seed)
+        y, m = y.roll(seed, 0), m.roll(seed, 0)          # other rows' lengths (NaN stays past each)
+        x.copy_(y.cuda())
+        n.copy_(m.cuda())
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(res.cpu(), reference.topk_positions(_live(y, m), 512)), seed
