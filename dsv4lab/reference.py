@@ -68,14 +68,16 @@ def indexer_logits(q, index_cache: IndexKCache, weights, seq_lens, page_table, m
 
 
 def topk_indices(logits, k: int):
-    """Positions of the k largest finite logits per row, -1 padded when fewer exist.
+    """Positions of the k largest logits per row that are not -inf (the mask past seq_len), -1
+    padded when fewer exist; a NaN ranks above every number and +inf is a number, as torch.topk
+    orders them, so a row never loses a slot to them.
 
     Ties are broken by torch.topk; order within the result is by descending logit.
     """
     B, L = logits.shape
     kk = min(k, L)
     vals, idx = torch.topk(logits.double(), kk, dim=-1)
-    idx = torch.where(torch.isfinite(vals), idx, torch.full_like(idx, -1)).int()
+    idx = torch.where(vals != -math.inf, idx, torch.full_like(idx, -1)).int()
     if kk < k:
         idx = torch.cat([idx, torch.full((B, k - kk), -1, dtype=torch.int32, device=idx.device)], 1)
     return idx

@@ -98,3 +98,16 @@ def test_topk_indices_pads_and_orders(dev):
     assert got.dtype == torch.int32
     assert got[0].tolist() == [1, 3, 0] and got[1].tolist() == [-1, -1, -1]
     assert R.topk_indices(x, 6)[0].tolist() == [1, 3, 0, -1, -1, -1]
+
+
+def test_topk_indices_and_the_torch_fallback_keep_nan_and_inf_as_torch_topk(dev):
+    """Only -inf (the mask past seq_len) is left out: a NaN ranks above every number and +inf is a
+    number, so a row with them still fills its k slots (they used to become -1, losing a slot each)."""
+    from dsv4lab.kernels.indexer_gemm import topk_from_logits
+    x = torch.tensor([[math.nan, 1.0, 2.0, 3.0, -math.inf],
+                      [0.5, math.inf, -math.inf, math.nan, -2.0],
+                      [-math.inf] * 5], device=dev)
+    for fn in (R.topk_indices, topk_from_logits):
+        got = fn(x, 3).tolist()
+        assert got[0] == [0, 3, 2] and got[1] == [3, 1, 0] and got[2] == [-1] * 3, fn
+        assert fn(x, 6).tolist()[1] == [3, 1, 0, 4, -1, -1], fn

@@ -21,6 +21,7 @@ from __future__ import annotations
 import ast
 import functools
 import importlib.util
+import math
 import os
 
 import torch
@@ -57,11 +58,12 @@ def logits_torch(q, index_cache: IndexKCache, weights, seq_lens, page_table, max
 
 
 def topk_from_logits(logits, k: int):
-    """Positions of the k largest finite logits per row, -1 where a row has fewer: the same
-    contract as reference.topk_indices, on the GPU without a host sync (graph-safe)."""
+    """Positions of the k largest logits per row that are not -inf (NaN above every number, as
+    torch.topk), -1 where a row has fewer: the same contract as reference.topk_indices, on the GPU
+    without a host sync (graph-safe)."""
     B, L = logits.shape
     vals, idx = torch.topk(logits, min(k, L), dim=-1)
-    idx = torch.where(torch.isfinite(vals), idx, torch.full_like(idx, -1)).int()
+    idx = torch.where(vals != -math.inf, idx, torch.full_like(idx, -1)).int()
     if k > L:
         idx = torch.cat([idx, idx.new_full((B, k - L), -1)], dim=1)
     return idx
