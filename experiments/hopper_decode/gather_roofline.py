@@ -11,9 +11,15 @@ each request in order (sequential indices) gives the streaming figure for the sa
 are CUDA-graph replay medians (L2 flushed before each, the lab's timing), and the empty launch's
 time (bench.launch_floor_us) is reported beside them. Then the hopper producer's situation: one
 program an SM (4 or 8 warps) walks the random indices CHUNK_T = 16-64 tokens at a time, one chunk's
-loads in flight: bandwidth against the bytes in flight an SM. TB/s counts the bytes once. With
---cpu-smoke (automatic without a GPU) one tiny case runs in the interpreter and the sums are
-checked against torch.
+loads in flight: bandwidth against the bytes in flight an SM. Last, the same walk with the bytes
+in flight held in shared memory instead of registers (``gather_tma_per_sm``, Gluon, sm_90): each
+token's 576 data bytes come by two TMA copies (512 + 64 bytes: a box's sides are powers of two)
+into a ring of DEPTH tiles of TILE_T tokens, all completing on the tile's mbarrier. One warp
+issues the copies, as far ahead as the ring allows; the program's 4 other warps sum each tile once
+it landed, and load its scale words. TB/s counts
+the bytes once. With --cpu-smoke (automatic without a GPU) one tiny case runs in the interpreter
+and the sums are checked against torch; the TMA rows need a GPU (Gluon has no interpreter) and
+run in a child process with a time limit (``--tma-child``), since a kernel that never ran may hang.
 """
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 
@@ -24,6 +30,7 @@ import triton.language as tl
 from dsv4lab import ab, bench
 from dsv4lab.cache import page_bytes
 from dsv4lab.device import info
+from dsv4lab.kernels import hopper
 from dsv4lab.kernels.common import token_limit
 from dsv4lab.testing import make_decode_inputs
 
@@ -72,6 +79,106 @@ def _gather_loop(IDX, KV32, OUT, n_chunks, num_tokens, CHUNK_T: tl.constexpr, PA
     tl.store(OUT + p, tl.sum(acc, 0))
 
 
+if hopper.gluon is not None:
+    from triton.experimental.gluon.language.nvidia.hopper import tma
+    gluon, gl, mbarrier = hopper.gluon, hopper.gl, hopper.mbarrier
+
+    @gluon.jit
+    def _issue_tile(IDX, desc_a, desc_b, ring_a, ring_b, bar, tile, num_tokens, TILE_T: gl.constexpr,
+                    PAGE_SIZE: gl.constexpr):
+        """TMA copies of one tile's tokens (2 a token: words 0-127 and 128-143 of its 576 data
+        bytes) into ring slot ``ring_a`` / ``ring_b``, all counted by ``bar`` (an index outside the
+        cache copies token 0's bytes, so the byte count always completes)."""
+        mbarrier.expect(bar, TILE_T * 576)
+        # the tile's indices in one load, every thread holding all of them (the copies need them as
+        # scalars: one load each would put an L2 round trip before every copy)
+        ONE: gl.constexpr = gl.BlockedLayout([TILE_T], [32], [gl.num_warps()], [0])
+        pos = gl.arange(0, TILE_T, layout=ONE)
+        toks = gl.load(IDX + tile * TILE_T + pos)
+        for t in gl.static_range(TILE_T):
+            tok = gl.sum(gl.where(pos == t, toks, 0), axis=0)
+            safe = gl.where(tok.to(gl.uint32) < num_tokens, tok, 0)
+            page = safe // PAGE_SIZE
+            word = (safe % PAGE_SIZE) * 144
+            tma.async_copy_global_to_shared(desc_a, [page, word], bar, ring_a.slice(t, 1))
+            tma.async_copy_global_to_shared(desc_b, [page, word + 128], bar, ring_b.slice(t, 1))
+
+    @gluon.jit
+    def _tma_issuer(IDX, desc_a, desc_b, ring_a, ring_b, ready, empty, p, G, mine, num_tokens,
+                    TILE_T: gl.constexpr, DEPTH: gl.constexpr, PAGE_SIZE: gl.constexpr):
+        """Worker partition (one warp): a tile's copies as soon as its ring slot is free."""
+        for j in range(mine):
+            s = j % DEPTH
+            mbarrier.wait(empty.index(s), ((j // DEPTH) & 1) ^ 1)     # slots start free
+            _issue_tile(IDX, desc_a, desc_b, ring_a.index(s), ring_b.index(s), ready.index(s), p + j * G,
+                        num_tokens, TILE_T, PAGE_SIZE)
+
+    @gluon.jit
+    def _tma_summer(IDX, KV32, OUT, ring_a, ring_b, ready, empty, p, G, mine, num_tokens, TILE_T: gl.constexpr,
+                    DEPTH: gl.constexpr, PAGE_SIZE: gl.constexpr, PAGE_WORDS: gl.constexpr):
+        """Default partition: each tile's words from shared memory once they landed, its scale words
+        from global memory, summed; the slot is handed back right after the shared-memory reads."""
+        LA: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [gl.num_warps(), 1], [1, 0])
+        LB: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [gl.num_warps(), 1], [1, 0])
+        LS: gl.constexpr = gl.BlockedLayout([1, 2], [16, 2], [gl.num_warps(), 1], [1, 0])
+        acc = gl.zeros([TILE_T], gl.int32, gl.SliceLayout(1, LA))
+        for j in range(mine):
+            s = j % DEPTH
+            mbarrier.wait(ready.index(s), (j // DEPTH) & 1)
+            x = ring_a.index(s).load(LA)
+            r = ring_b.index(s).load(LB)
+            mbarrier.arrive(empty.index(s), count=1)
+            tok = gl.load(IDX + (p + j * G) * TILE_T + gl.arange(0, TILE_T, layout=gl.SliceLayout(1, LS)))
+            ok = tok.to(gl.uint32) < num_tokens
+            safe = gl.where(ok, tok, 0).to(gl.int64)
+            scl = (safe // PAGE_SIZE) * PAGE_WORDS + PAGE_SIZE * 144 + (safe % PAGE_SIZE) * 2
+            e = gl.load(KV32 + gl.expand_dims(scl, 1) + gl.expand_dims(gl.arange(0, 2, layout=gl.SliceLayout(0, LS)), 0),
+                        mask=gl.expand_dims(ok, 1), other=0)
+            part = (gl.sum(x, axis=1) + gl.convert_layout(gl.sum(r, axis=1), gl.SliceLayout(1, LA))
+                    + gl.convert_layout(gl.sum(e, axis=1), gl.SliceLayout(1, LA)))
+            acc += gl.where(gl.convert_layout(ok, gl.SliceLayout(1, LA)), part, 0)
+        gl.store(OUT + p, gl.sum(acc, axis=0))
+
+    @gluon.jit
+    def _gather_tma(IDX, desc_a, desc_b, KV32, OUT, n_tiles, num_tokens, TILE_T: gl.constexpr,
+                    DEPTH: gl.constexpr, PAGE_SIZE: gl.constexpr, PAGE_WORDS: gl.constexpr):
+        """One program an SM walks tiles p, p + G, ...: one warp keeps up to DEPTH tiles' copies in
+        flight (a ring in shared memory, ready / empty mbarriers a slot), the 4 default warps sum
+        each tile once it landed."""
+        p = gl.program_id(0)
+        G = gl.num_programs(0)
+        ring_a = gl.allocate_shared_memory(gl.int32, [DEPTH, TILE_T, 128], desc_a.layout)
+        ring_b = gl.allocate_shared_memory(gl.int32, [DEPTH, TILE_T, 16], desc_b.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(DEPTH):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        hopper.fence_async_shared()
+        mine = (n_tiles - p + G - 1) // G
+        gl.warp_specialize([
+            (_tma_summer, (IDX, KV32, OUT, ring_a, ring_b, ready, empty, p, G, mine, num_tokens, TILE_T, DEPTH,
+                           PAGE_SIZE, PAGE_WORDS)),
+            (_tma_issuer, (IDX, desc_a, desc_b, ring_a, ring_b, ready, empty, p, G, mine, num_tokens, TILE_T, DEPTH,
+                           PAGE_SIZE)),
+        ], [1], [96])
+
+
+def tma_descriptors(kv32):
+    """The cache's int32 words as [pages, words a page], boxes of 1 x 128 and 1 x 16 words."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    pages = kv32.view(-1, page_bytes(PAGE) // 4)
+    return tuple(TensorDescriptor.from_tensor(pages, [1, w], gl.NVMMASharedLayout(swizzle_byte_width=0,
+                                                                               element_bitwidth=32, rank=2))
+                 for w in (128, 16))
+
+
+def gather_tma(idx, descs, kv32, out, num_tokens, tile_t, depth, warps=4):
+    n_tiles = idx.numel() // tile_t
+    _gather_tma[(out.numel(),)](idx, *descs, kv32, out, n_tiles, num_tokens, TILE_T=tile_t, DEPTH=depth,
+                                PAGE_SIZE=PAGE, PAGE_WORDS=page_bytes(PAGE) // 4, num_warps=warps)
+
+
 def gather_loop(idx, kv32, out, num_tokens, chunk_t, warps):
     n_chunks = idx.numel() // chunk_t
     _gather_loop[(out.numel(),)](idx, kv32, out, n_chunks, num_tokens, CHUNK_T=chunk_t, PAGE_SIZE=PAGE,
@@ -98,18 +205,64 @@ def expected(idx, kv32, block_t):
     return ((per + 2**31) % 2**32 - 2**31).to(torch.int32)
 
 
+def tma_rows(B, rand, kv32, ntok, progs) -> list[dict]:
+    """The gather_tma_per_sm rows of one B (GPU, sm_90)."""
+    rows = []
+    for depth, tt in [(2, 32), (4, 16), (4, 32), (3, 64), (6, 32)]:
+        out = torch.empty(progs, dtype=torch.int32, device=rand.device)
+        row = dict(kind="gather_tma_per_sm", B=B, order="random", tile_tokens=tt, depth=depth, num_warps=4,
+                   issuer_warps=1, programs=progs, ring_bytes=depth * tt * 576, bytes=B * K * TOKEN_BYTES)
+        try:
+            descs = tma_descriptors(kv32)
+            gather_tma(rand, descs, kv32, out, ntok, tt, depth)
+            torch.cuda.synchronize()
+            row["sums_match"] = (int(out.to(torch.int64).sum()) % 2**32
+                                 == int(expected(rand, kv32, tt).to(torch.int64).sum()) % 2**32)
+            us = ab.time_us(lambda: gather_tma(rand, descs, kv32, out, ntok, tt, depth), False)
+            row.update(graph_us=us, tb_s=row["bytes"] / us / 1e6)
+        except Exception as e:  # noqa: BLE001  (a variant that fails to compile or run is a row)
+            row["error"] = f"{type(e).__name__}: {e}"[:400]
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
+def tma_rows_in_child(B, timeout_s=240.0) -> list[dict]:
+    """tma_rows in a child process: a kernel that has never run may hang (an mbarrier phase off by
+    one), which costs the child, not this run."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        path = f"{d}/tma.json"
+        try:
+            r = subprocess.run([sys.executable, __file__, path, "--tma-child", "--batches", str(B)],
+                               capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return [dict(kind="gather_tma_per_sm", B=B, error=f"no answer in {timeout_s:.0f} s (a hang?)")]
+        if r.returncode != 0:
+            return [dict(kind="gather_tma_per_sm", B=B, error=(r.stderr or r.stdout)[-600:])]
+        return json.load(open(path))["rows"]
+
+
 def main(argv=None):
     def options(p):
         p.add_argument("--batches", type=int, nargs="+", default=[32, 128])
+        p.add_argument("--tma-child", action="store_true", help="only the TMA rows (the child process of a run)")
     a = ab.parse_args(__doc__, options, argv)
     rows = []
-    if not a.smoke:
+    if not a.smoke and not a.tma_child:
         rows.append(dict(kind="launch_floor", **bench.launch_floor_us()))
     for B in ([2] if a.smoke else a.batches):
         inp = make_decode_inputs(B, 4, K, context=CTX, page_size=PAGE, seed=B)
         kv32 = inp.cache.byte_views[1].view(torch.int32)
         ntok = token_limit(inp.cache)
         rand = inp.indices.contiguous()
+        progs = 2 if a.smoke else info().sm_count
+        if a.tma_child:
+            rows += tma_rows(B, rand, kv32, ntok, progs)
+            continue
         seq = (torch.arange(B, device=rand.device, dtype=torch.int32)[:, None] * CTX
                + torch.arange(K, device=rand.device, dtype=torch.int32)[None, :]).contiguous()
         for order, idx in (("random", rand), ("sequential", seq)):
@@ -124,7 +277,6 @@ def main(argv=None):
                                  sums_match=ok))
                 print(rows[-1], flush=True)
         # one program an SM, as the hopper producer: the bandwidth one chunk in flight at a time gives
-        progs = 2 if a.smoke else info().sm_count
         for warps in ([4] if a.smoke else [4, 8]):
             for ct in ([16] if a.smoke else [16, 32, 64]):
                 out = torch.empty(progs, dtype=torch.int32, device=rand.device)
@@ -136,6 +288,12 @@ def main(argv=None):
                                  programs=progs, chunk_bytes=ct * TOKEN_BYTES, bytes=nbytes, graph_us=us,
                                  tb_s=None if us is None else nbytes / us / 1e6, sums_match=ok))
                 print(rows[-1], flush=True)
+        # the same walk with the bytes in flight in shared memory, copied by TMA (sm_90, Gluon)
+        why = hopper.unavailable_reason()
+        if why:
+            rows.append(dict(kind="gather_tma_per_sm", B=B, skipped=why))
+        else:
+            rows += tma_rows_in_child(B)
         ab.write(a.out, QUESTION, a.smoke, K=K, context=CTX, rows=rows, complete=False)
     ab.write(a.out, QUESTION, a.smoke, K=K, context=CTX, rows=rows, complete=True)
 
