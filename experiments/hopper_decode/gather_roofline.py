@@ -16,10 +16,10 @@ in flight held in shared memory instead of registers (``gather_tma_per_sm``, Glu
 token's 576 data bytes come by two TMA copies (512 + 64 bytes: a box's sides are powers of two)
 into a ring of DEPTH tiles of TILE_T tokens, all completing on the tile's mbarrier. One warp
 issues the copies, as far ahead as the ring allows; the program's 4 other warps sum each tile once
-it landed, and load its scale words. TB/s counts
-the bytes once. With --cpu-smoke (automatic without a GPU) one tiny case runs in the interpreter
-and the sums are checked against torch; the TMA rows need a GPU (Gluon has no interpreter) and
-run in a child process with a time limit (``--tma-child``), since a kernel that never ran may hang.
+it landed, and load its scale words. TB/s counts the bytes once. With --cpu-smoke (automatic
+without a GPU) one tiny case runs in the interpreter and the sums are checked against torch; the
+TMA rows need a GPU (Gluon has no interpreter) and run in a child process with a time limit
+(``--tma-child``), since a kernel that never ran may hang.
 """
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 
