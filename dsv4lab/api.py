@@ -455,7 +455,20 @@ def indexer_topk(q, index_cache, weights, seq_lens, page_table, *, max_seq_len: 
     exact contract)."""
     entry = _pick("indexer_topk", impl)
     L = check_indexer_args(q, index_cache, weights, seq_lens, page_table, max_seq_len, checks_mode(checks))
-    return entry.fn(q, index_cache, weights, seq_lens, page_table, max_seq_len=L, topk=int_arg("topk", topk, 1))
+    return entry.fn(q, index_cache, weights, seq_lens, page_table, max_seq_len=L, topk=topk_arg(topk))
+
+
+#: the largest top-k: the positions and output slots are int32
+MAX_TOPK = 2**31 - 1
+
+
+def topk_arg(topk) -> int:
+    """``topk`` as an int in [1, MAX_TOPK] (a larger one would overflow the int32 slots, or fail
+    to allocate its output far from here)."""
+    k = int_arg("topk", topk, 1)
+    if k > MAX_TOPK:
+        raise ValueError(f"topk must be at most 2**31 - 1 (positions are int32), got {k}")
+    return k
 
 
 @register("indexer_topk", "reference", description="float64, the judge (dsv4lab.reference)", graph_safe=False)

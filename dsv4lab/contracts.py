@@ -438,6 +438,8 @@ CASES: list[Case] = [
                         (0, 128)), gets="logits [0, max_seq_len]"),
     Case("indexer_topk", "topk 0", "either", lambda: _indexer("indexer_topk", topk=0), ValueError,
          "topk must be a positive int, got 0"),
+    Case("indexer_topk", "topk 2**40", "either", lambda: _indexer("indexer_topk", topk=2**40), ValueError,
+         "topk must be at most 2**31 - 1 (positions are int32), got 1099511627776"),
     Case("indexer_topk", "topk numpy.int32(16), max_seq_len numpy.int64(128)", "either", _topk_numpy,
          gets="accepted as ints"),
     # ---- the cache packers ----

@@ -187,6 +187,8 @@ def test_topk_refuses_what_it_cannot_read():
         topk_triton(x, _lens(1, 2).long(), 4)
     with pytest.raises(ValueError, match="k must be a positive int"):
         topk_triton(x, _lens(1, 2), 0)
+    with pytest.raises(ValueError, match=r"at most 2\*\*31 - 1"):         # int32 slots, before any allocation
+        topk_triton(x, _lens(1, 2), 2**31)
 
 
 @pytest.mark.parametrize("split,ks,merge", [(2, (1, 301), "launch"), (4, (30,), "launch"), (8, (64,), "launch"),
