@@ -13,8 +13,9 @@ time (bench.launch_floor_us) is reported beside them. Then the hopper producer's
 program an SM (4 or 8 warps) walks the random indices CHUNK_T = 16-64 tokens at a time, one chunk's
 loads in flight: bandwidth against the bytes in flight an SM. Last, the same walk with the bytes
 in flight held in shared memory instead of registers (``gather_tma_per_sm``, Gluon, sm_90): each
-token's 576 data bytes come by two TMA copies (512 + 64 bytes: a box's sides are powers of two)
-into a ring of DEPTH tiles of TILE_T tokens, all completing on the tile's mbarrier. One warp
+token's 576 data bytes come by two TMA copies (words 0-127, and 128-159 of which 16 are its own:
+a box's sides are powers of two, and each copy's shared-memory address 128-byte aligned) into a
+ring of DEPTH tiles of TILE_T tokens, all completing on the tile's mbarrier. One warp
 issues the copies, as far ahead as the ring allows; the program's 4 other warps sum each tile once
 it landed, and load its scale words. TB/s counts the bytes once. With --cpu-smoke (automatic
 without a GPU) one tiny case runs in the interpreter and the sums are checked against torch; the
@@ -86,10 +87,12 @@ if hopper.gluon is not None:
     @gluon.jit
     def _issue_tile(IDX, desc_a, desc_b, ring_a, ring_b, bar, tile, num_tokens, TILE_T: gl.constexpr,
                     PAGE_SIZE: gl.constexpr):
-        """TMA copies of one tile's tokens (2 a token: words 0-127 and 128-143 of its 576 data
-        bytes) into ring slot ``ring_a`` / ``ring_b``, all counted by ``bar`` (an index outside the
-        cache copies token 0's bytes, so the byte count always completes)."""
-        mbarrier.expect(bar, TILE_T * 576)
+        """TMA copies of one tile's tokens (2 a token: words 0-127 of its 576 data bytes, then
+        words 128-159, of which 144-159 are the next token's or the page's scale bytes: a 128-byte
+        row keeps every copy's shared-memory address 128-byte aligned) into ring slot ``ring_a`` /
+        ``ring_b``, all counted by ``bar`` (an index outside the cache copies token 0's bytes, so
+        the byte count always completes)."""
+        mbarrier.expect(bar, TILE_T * (512 + 128))
         # the tile's indices in one load, every thread holding all of them (the copies need them as
         # scalars: one load each would put an L2 round trip before every copy)
         ONE: gl.constexpr = gl.BlockedLayout([TILE_T], [32], [gl.num_warps()], [0])
@@ -119,14 +122,15 @@ if hopper.gluon is not None:
         """Default partition: each tile's words from shared memory once they landed, its scale words
         from global memory, summed; the slot is handed back right after the shared-memory reads."""
         LA: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [gl.num_warps(), 1], [1, 0])
-        LB: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [gl.num_warps(), 1], [1, 0])
+        LB: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [gl.num_warps(), 1], [1, 0])
         LS: gl.constexpr = gl.BlockedLayout([1, 2], [16, 2], [gl.num_warps(), 1], [1, 0])
         acc = gl.zeros([TILE_T], gl.int32, gl.SliceLayout(1, LA))
         for j in range(mine):
             s = j % DEPTH
             mbarrier.wait(ready.index(s), (j // DEPTH) & 1)
             x = ring_a.index(s).load(LA)
-            r = ring_b.index(s).load(LB)
+            r = ring_b.index(s).load(LB)                                  # words 128-159: 16 are the token's
+            r = gl.where(gl.expand_dims(gl.arange(0, 32, layout=gl.SliceLayout(0, LB)), 0) < 16, r, 0)
             mbarrier.arrive(empty.index(s), count=1)
             tok = gl.load(IDX + (p + j * G) * TILE_T + gl.arange(0, TILE_T, layout=gl.SliceLayout(1, LS)))
             ok = tok.to(gl.uint32) < num_tokens
@@ -148,7 +152,7 @@ if hopper.gluon is not None:
         p = gl.program_id(0)
         G = gl.num_programs(0)
         ring_a = gl.allocate_shared_memory(gl.int32, [DEPTH, TILE_T, 128], desc_a.layout)
-        ring_b = gl.allocate_shared_memory(gl.int32, [DEPTH, TILE_T, 16], desc_b.layout)
+        ring_b = gl.allocate_shared_memory(gl.int32, [DEPTH, TILE_T, 32], desc_b.layout)
         ready = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(DEPTH):
@@ -165,12 +169,12 @@ if hopper.gluon is not None:
 
 
 def tma_descriptors(kv32):
-    """The cache's int32 words as [pages, words a page], boxes of 1 x 128 and 1 x 16 words."""
+    """The cache's int32 words as [pages, words a page], boxes of 1 x 128 and 1 x 32 words."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     pages = kv32.view(-1, page_bytes(PAGE) // 4)
     return tuple(TensorDescriptor.from_tensor(pages, [1, w], gl.NVMMASharedLayout(swizzle_byte_width=0,
                                                                                element_bitwidth=32, rank=2))
-                 for w in (128, 16))
+                 for w in (128, 32))
 
 
 def gather_tma(idx, descs, kv32, out, num_tokens, tile_t, depth, warps=4):
@@ -211,7 +215,7 @@ def tma_rows(B, rand, kv32, ntok, progs) -> list[dict]:
     for depth, tt in [(2, 32), (4, 16), (4, 32), (3, 64), (6, 32)]:
         out = torch.empty(progs, dtype=torch.int32, device=rand.device)
         row = dict(kind="gather_tma_per_sm", B=B, order="random", tile_tokens=tt, depth=depth, num_warps=4,
-                   issuer_warps=1, programs=progs, ring_bytes=depth * tt * 576, bytes=B * K * TOKEN_BYTES)
+                   issuer_warps=1, programs=progs, ring_bytes=depth * tt * (512 + 128), bytes=B * K * TOKEN_BYTES)
         try:
             descs = tma_descriptors(kv32)
             gather_tma(rand, descs, kv32, out, ntok, tt, depth)
