@@ -231,7 +231,7 @@ def tma_rows(B, rand, kv32, ntok, progs) -> list[dict]:
     return rows
 
 
-def tma_rows_in_child(B, timeout_s=240.0) -> list[dict]:
+def tma_rows_in_child(B, timeout_s=150.0) -> list[dict]:
     """tma_rows in a child process: a kernel that has never run may hang (an mbarrier phase off by
     one), which costs the child, not this run."""
     import json
