@@ -445,19 +445,6 @@ def _indexer_logits_reference(q, index_cache, weights, seq_lens, page_table, *, 
     return reference.indexer_logits(q, index_cache, weights, seq_lens, page_table, max_seq_len)
 
 
-def indexer_topk(q, index_cache, weights, seq_lens, page_table, *, max_seq_len: int, topk: int = 512,
-                 impl: str = "reference", checks: str | None = None):
-    """Top-k token positions int32 [B, topk] of the indexer logits, -1 padded (a row has fewer
-    than ``topk`` positions < seq_len); arguments and ``checks`` as :func:`indexer_logits`, topk a
-    positive int. The positions are a set for the sparse decode; their order is the impl's:
-    descending logit for the torch paths and the reference, ascending position for impl="triton"
-    (whose ties at the k-th value go to the lower position: ``reference.topk_positions`` is its
-    exact contract)."""
-    entry = _pick("indexer_topk", impl)
-    L = check_indexer_args(q, index_cache, weights, seq_lens, page_table, max_seq_len, checks_mode(checks))
-    return entry.fn(q, index_cache, weights, seq_lens, page_table, max_seq_len=L, topk=topk_arg(topk))
-
-
 #: the largest top-k: the positions and output slots are int32
 MAX_TOPK = 2**31 - 1
 
@@ -469,6 +456,19 @@ def topk_arg(topk) -> int:
     if k > MAX_TOPK:
         raise ValueError(f"topk must be at most 2**31 - 1 (positions are int32), got {k}")
     return k
+
+
+def indexer_topk(q, index_cache, weights, seq_lens, page_table, *, max_seq_len: int, topk: int = 512,
+                 impl: str = "reference", checks: str | None = None):
+    """Top-k token positions int32 [B, topk] of the indexer logits, -1 padded (a row has fewer
+    than ``topk`` positions < seq_len); arguments and ``checks`` as :func:`indexer_logits`, topk a
+    positive int. The positions are a set for the sparse decode; their order is the impl's:
+    descending logit for the torch paths and the reference, ascending position for impl="triton"
+    (whose ties at the k-th value go to the lower position: ``reference.topk_positions`` is its
+    exact contract)."""
+    entry = _pick("indexer_topk", impl)
+    L = check_indexer_args(q, index_cache, weights, seq_lens, page_table, max_seq_len, checks_mode(checks))
+    return entry.fn(q, index_cache, weights, seq_lens, page_table, max_seq_len=L, topk=topk_arg(topk))
 
 
 @register("indexer_topk", "reference", description="float64, the judge (dsv4lab.reference)", graph_safe=False)

@@ -67,6 +67,7 @@ import triton
 import triton.language as tl
 
 from .. import errors
+from ..api import MAX_TOPK
 from ..device import info, is_interpret
 from . import common
 from .common import alloc, launch_kernel, live_length, next_power_of_2
@@ -369,7 +370,7 @@ def topk_triton(logits: torch.Tensor, seq_lens: torch.Tensor, k: int, *, launch:
             or seq_lens.device != logits.device:
         raise ValueError(f"seq_lens must be int32 [{B}] on {logits.device}, got "
                          f"{getattr(seq_lens, 'dtype', type(seq_lens).__name__)} {list(getattr(seq_lens, 'shape', []))}")
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 2**31 - 1:
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_TOPK:
         raise ValueError(f"k must be a positive int of at most 2**31 - 1 (positions are int32), got {k!r}")
     return select(logits, seq_lens, k, launch or TOPK, pages)
 
