@@ -13,12 +13,15 @@ Needs ``DSV4LAB_MODE=compile`` (Triton must not be in interpreter mode):
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -68,12 +71,13 @@ def report(kernel, arch=90) -> dict:
     with tempfile.TemporaryDirectory() as d:
         src = os.path.join(d, "k.ptx")
         open(src, "w").write(ptx)
-        tgt = f"sm_{arch}a" if arch == 90 else f"sm_{arch}"
+        tgt = re.search(r"^\.target (\S+)", ptx, re.M).group(1)    # sm_90a, sm_100a, sm_120a: as Triton wrote it
         r = subprocess.run([ptxas, f"-arch={tgt}", "-v", src, "-o", os.path.join(d, "k.cubin")],
                            capture_output=True, text=True)
     log = r.stderr
     num = lambda pat: int(m.group(1)) if (m := re.search(pat, log)) else None  # noqa: E731
-    mma = sorted(set(re.findall(r"(wgmma\.mma_async\.sync\.aligned\.m\d+n\d+k\d+|mma\.sync\.aligned\.m\d+n\d+k\d+)", ptx)))
+    mma = sorted(set(re.findall(r"(wgmma\.mma_async\.sync\.aligned\.m\d+n\d+k\d+|mma\.sync\.aligned\.m\d+n\d+k\d+"
+                                r"|tcgen05\.mma\.cta_group::\d\.kind::\w+)", ptx)))
     return {"registers": num(r"Used (\d+) registers"), "spill_stores": num(r"(\d+) bytes spill stores"),
             "spill_loads": num(r"(\d+) bytes spill loads"), "stack": num(r"(\d+) bytes stack frame"),
             "shared_bytes": kernel.metadata.shared, "mma": mma, "ptxas_ok": r.returncode == 0,
@@ -81,7 +85,7 @@ def report(kernel, arch=90) -> dict:
 
 
 #: PTX instructions counted in a report (static counts in the kernel's text, not executions)
-PTX_OPS = {"wgmma": r"wgmma\.mma_async", "wgmma_wait": r"wgmma\.wait_group", "cp.async": r"cp\.async\.(?:ca|cg)",
+PTX_OPS = {"wgmma": r"wgmma\.mma_async", "tcgen05.mma": r"tcgen05\.mma\.", "wgmma_wait": r"wgmma\.wait_group", "cp.async": r"cp\.async\.(?:ca|cg)",
            "cp.async.bulk": r"cp\.async\.bulk", "mbarrier.wait": r"mbarrier\.try_wait",
            "mbarrier.arrive": r"mbarrier\.arrive", "setmaxnreg": r"setmaxnreg", "bar.sync": r"bar\.sync|barrier\.sync",
            "ld.global.v4": r"ld\.global(?:\.\w+)*\.v4", "st.shared": r"st\.shared", "fence.proxy.async": r"fence\.proxy\.async"}
@@ -109,6 +113,134 @@ def launch_report(opts, *, story: bool = False, arch=90, maxnreg=None) -> dict:
     return {"kernel": "story" if story else "tuned", **opts.as_dict(), "maxnreg": maxnreg, "arch": arch,
             "triton": triton.__version__, **report(k, arch)}
 
+
+
+#: GPUs the package is compile-checked for (experiments/other_gpus_compile): SM counts and the
+#: shared memory a block may opt into, from public specifications; none was measured by the lab
+TARGETS = {
+    "H200": ("NVIDIA H200", 132, "9.0", 232_448),
+    "B200": ("NVIDIA B200", 148, "10.0", 232_448),
+    "RTX PRO 6000": ("NVIDIA RTX PRO 6000 Blackwell", 188, "12.0", 101_376),
+    "GB10": ("NVIDIA GB10", 48, "12.1", 101_376),
+    "L40S": ("NVIDIA L40S", 142, "8.9", 101_376),
+}
+
+
+@dataclass
+class Captured:
+    """One Triton launch the package asked for inside :func:`planned_for` (recorded, not run)."""
+    fn: object
+    grid: object
+    args: tuple
+    kwargs: dict
+
+    @property
+    def name(self) -> str:
+        return self.fn.fn.__name__
+
+
+def target_info(name: str):
+    """The DeviceInfo the package plans for on TARGETS[name], in compile mode."""
+    from .device import DeviceInfo
+    full, sms, cap, smem = TARGETS[name]
+    return DeviceInfo("compile", full, sms, cap, smem, None, torch.__version__, triton.__version__, None)
+
+
+@contextlib.contextmanager
+def planned_for(target):
+    """Compile mode: inside the block the package plans as on ``target`` (a DeviceInfo: its
+    capability picks the tiles, its SM count the splits and grids) and every Triton launch, an
+    autotuned one once per config, is recorded in the list yielded instead of run. Plans are cached
+    per shape, so plan for one target per process."""
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.jit import JITFunction
+    from . import device
+    from .kernels.common import triton_launches
+    if device.mode() != "compile":
+        raise RuntimeError(f"planned_for needs DSV4LAB_MODE=compile (nothing runs), this process is in {device.mode()} mode")
+    launches: list[Captured] = []
+
+    def record(fn, *args, grid, warmup, **kwargs):
+        launches.append(Captured(fn, grid, args, kwargs))
+
+    def record_each_config(tuner, *args, **kwargs):
+        for cfg in tuner.configs:
+            tuner.fn.run(*args, **{**kwargs, **cfg.all_kwargs()})
+
+    saved = JITFunction.run, Autotuner.run
+    JITFunction.run, Autotuner.run = record, record_each_config
+    device._PLANNED.append(target)
+    try:
+        with triton_launches():
+            yield launches
+    finally:
+        JITFunction.run, Autotuner.run = saved
+        device._PLANNED.pop()
+
+
+_TYPE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
+         torch.int8: "i8", torch.uint8: "u8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64",
+         torch.bool: "i1", torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5"}
+#: launch keywords that are options of the compile, not kernel arguments
+_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl", "launch_cooperative_grid")
+
+
+def compile_captured(c: Captured, arch: int):
+    """Compile a recorded launch for sm_``arch`` as Triton's launcher would specialize it: pointers
+    by dtype and 16-byte alignment, ints by width, ``% 16 == 0`` and ``== 1``, None a constexpr."""
+    fn = c.fn
+    bound = dict(zip(fn.arg_names, c.args))
+    bound.update((k, v) for k, v in c.kwargs.items() if k not in _OPTIONS)
+    sig, consts, attrs = {}, {}, {}
+    for i, p in enumerate(fn.params):
+        v = bound[p.name] if p.name in bound else p.default
+        if p.is_constexpr or v is None:
+            sig[p.name], consts[(i,)] = "constexpr", v
+        elif isinstance(v, torch.Tensor):
+            sig[p.name] = "*" + _TYPE[v.dtype]
+            if v.data_ptr() % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(v, bool):
+            sig[p.name] = "i1"
+        elif isinstance(v, int):
+            if v == 1 and not p.do_not_specialize:
+                sig[p.name], consts[(i,)] = "constexpr", 1
+                continue
+            sig[p.name] = "i32" if -2**31 <= v < 2**31 else "i64"
+            if v % 16 == 0 and not p.do_not_specialize:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(v, float):
+            sig[p.name] = "fp32"
+        else:
+            raise TypeError(f"{c.name}: argument {p.name} of type {type(v).__name__} has no compile signature here")
+    options = {k: v for k, v in c.kwargs.items() if k in _OPTIONS and v is not None}
+    return triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", arch, 32),
+                          options=options)
+
+
+def arch_of(capability: str) -> int:
+    """Triton's target number for a capability string: "12.1" -> 121."""
+    major, minor = capability.split(".")
+    return int(major) * 10 + int(minor)
+
+
+def captured_report(c: Captured, target) -> dict:
+    """One recorded launch compiled for ``target``: the compiler's report, whether its shared memory
+    fits what a block may use there, and the compile's first error line if it failed."""
+    arch = arch_of(target.capability)
+    row = {"kernel": c.name, "grid": list(c.grid) if isinstance(c.grid, tuple) else None,
+           "constexprs": {k: v if isinstance(v, (bool, int, float, str)) or v is None else str(v)
+                          for k, v in c.kwargs.items() if k not in _OPTIONS},
+           **{k: c.kwargs.get(k) for k in ("num_warps", "num_stages")},
+           "arch": arch, "smem_limit": target.smem_per_block, "triton": triton.__version__}
+    try:
+        row.update(report(compile_captured(c, arch), arch), compiled=True)
+    except Exception as e:  # noqa: BLE001  (a compile failure is the finding: its first error line is kept)
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        row.update(compiled=False, error=next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines else repr(e)))
+        return row
+    row["fits"] = row["ptxas_ok"] and row["shared_bytes"] <= target.smem_per_block
+    return row
 
 if __name__ == "__main__":
     import dsv4lab  # noqa: F401

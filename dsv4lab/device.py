@@ -136,8 +136,17 @@ class DeviceInfo:
         return asdict(self)
 
 
-@functools.cache
+#: compile mode only: the device compile_report.planned_for() makes the package plan for
+_PLANNED: list = []
+
+
 def info() -> DeviceInfo:
+    """This process's device (in compile mode, inside ``compile_report.planned_for``: its target)."""
+    return _PLANNED[-1] if _PLANNED else _probe()
+
+
+@functools.cache
+def _probe() -> DeviceInfo:
     import triton
     m = mode()
     if m == "cuda":
@@ -147,7 +156,8 @@ def info() -> DeviceInfo:
                           round(p.total_memory / 2**30, 1), torch.__version__, triton.__version__,
                           torch.version.cuda)
     import platform
-    return DeviceInfo(m, f"CPU ({platform.processor() or platform.machine()}), Triton interpreter",
+    how = "Triton interpreter" if m == "interpret" else "compile only (no GPU)"
+    return DeviceInfo(m, f"CPU ({platform.processor() or platform.machine()}), {how}",
                       None, None, None, None, torch.__version__, triton.__version__, None)
 
 

@@ -61,10 +61,12 @@ class TileConfig:
 
 #: Tile choices per (device capability, use). H200 entries come from the recorded sweep
 #: (experiments/tile_sweep and experiments/split_sweep; notebooks 02-03) over candidates the offline
-#: compiler report (dsv4lab.compile_report) showed with few spills. The sm_120 entries are worked
-#: out on paper for the story's RTX PRO 6000 (188 SMs, ~99 KB shared memory per block) and NOT
-#: measured: BLOCK_H 64 x BLOCK_N 16 with one stage needs ~82 KB on sm_90. us_per_tile and
-#: fixed_us (model_us) are fitted to the B = 1 rows of the NSPLIT sweep.
+#: compiler report (dsv4lab.compile_report) showed with few spills. The sm_120 entries (the story's
+#: RTX PRO 6000: 188 SMs, ~99 KB of shared memory a block) are NOT measured: sm_120 has no wgmma,
+#: so mma.sync keeps the [BLOCK_H, 512] accumulator in registers, and compiled for sm_120 every
+#: 64-head tile spills 1.8-26 KB a thread and every 32-head tile 0.4-2.5 KB; 16 x 64 with the register
+#: pipeline spills nothing in ~82 KB (experiments/other_gpus_compile). us_per_tile and fixed_us
+#: (model_us) are fitted to the B = 1 rows of the H200's NSPLIT sweep.
 class _Table(dict):
     """The tile table: a dict that counts its changes, so launches decided from it can be kept per
     shape (:func:`per_shape`) and still follow a sweep that replaces an entry (record.py does)."""
@@ -86,8 +88,10 @@ TILE_TABLE = _Table({
                                dequant="bits", fold_scale=True),
     ("9.0", "split"): TileConfig(16, 64, 8, 1, "H200 NSPLIT sweep (fastest at B=1)",
                                  loop="registers", us_per_tile=3.287, fixed_us=10.09, merge_us=0.0),
-    ("12.0", "mma"): TileConfig(64, 16, 8, 1, "paper estimate for RTX PRO 6000 (sm_120): not measured"),
-    ("12.0", "split"): TileConfig(64, 16, 8, 1, "paper estimate for RTX PRO 6000 (sm_120): not measured"),
+    ("12.0", "mma"): TileConfig(16, 64, 8, 1, "sm_120 (RTX PRO 6000): the compiler's filter, not measured",
+                                loop="registers"),
+    ("12.0", "split"): TileConfig(16, 64, 8, 1, "sm_120 (RTX PRO 6000): the compiler's filter, not measured",
+                                  loop="registers"),
     ("interpret", "mma"): TileConfig(16, 16, 4, 1, "interpreter: small tiles keep numpy fast"),
     ("interpret", "split"): TileConfig(16, 16, 4, 1, "interpreter: small tiles keep numpy fast"),
     ("default", "mma"): TileConfig(64, 32, 8, 2, "fallback for other GPUs: not measured"),
@@ -105,10 +109,30 @@ def device_key() -> str:
     return "interpret" if is_interpret() else info().capability
 
 
+#: shared memory a block needs for the "default" entries (64 x 32, 2 stages: 151,680 B compiled for
+#: sm_120, whose mma.sync path sm_80 / sm_89 share); a GPU without an entry of its own that allows
+#: less takes sm_120's entries (~82 KB). experiments/other_gpus_compile
+DEFAULT_SMEM_NEED = 152_000
+
+
+def _table_key(use: str) -> str:
+    """The tile table's key for this device: its capability; else its family's (12.1, GB10 -> 12.0);
+    else "12.0" where a block gets less shared memory than the default entries need (sm_86, sm_89);
+    else "default"."""
+    key = device_key()
+    if (key, use) in TILE_TABLE or key == "interpret":
+        return key
+    family = key.split(".")[0] + ".0"
+    if (family, use) in TILE_TABLE:
+        return family
+    smem = info().smem_per_block
+    return "12.0" if smem is not None and smem < DEFAULT_SMEM_NEED else "default"
+
+
 def tile_config(num_heads: int | None = None, *, split: bool = False) -> TileConfig:
     """This device's table entry for "mma" (or "split"), shrunk for fewer heads than a block."""
     use = "split" if split else "mma"
-    cfg = TILE_TABLE.get((device_key(), use), TILE_TABLE[("default", use)])
+    cfg = TILE_TABLE[(_table_key(use), use)]
     if num_heads is not None and num_heads < cfg.block_h:
         # fewer heads than a block (tensor parallelism): shrink, tl.dot needs >= 16 rows
         cfg = replace(cfg, block_h=max(16, triton.next_power_of_2(num_heads)), source=cfg.source + " (shrunk to H)")

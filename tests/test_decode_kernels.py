@@ -249,3 +249,21 @@ def test_host_cdiv_and_next_power_of_2_match_triton():
             assert common.cdiv(a, b) == triton.cdiv(a, b), (a, b)
     for n in list(range(0, 1100)) + [2**20 - 1, 2**20, 2**20 + 1, 262208]:
         assert common.next_power_of_2(n) == triton.next_power_of_2(n), n
+
+
+@pytest.mark.parametrize("impl", ["simt", "mma_story", "mma", "splitk", "splitk_auto"])
+def test_a_non_finite_output_is_flagged_and_a_finite_one_is_not(impl):
+    """An inf in one head of q makes that output row NaN: the kernel (or split-K's merge) sets
+    NONFINITE in the error word, and leaves it clear on the same call with a finite q. Odd H: the
+    padded rows of a head block must not count."""
+    from dsv4lab import errors
+    inp = make_decode_inputs(2, 5, 24, context=60, topk_len=True, sink=True)
+    errors.read()
+    dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, topk_len=inp.topk_len, attn_sink=inp.attn_sink, impl=impl)
+    assert not errors.read() & errors.Flag.NONFINITE
+    inp.topk_len.fill_(24)
+    inp.q[1, 3, 7] = math.inf
+    out, _ = dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, topk_len=inp.topk_len, attn_sink=inp.attn_sink,
+                                   impl=impl)
+    assert not torch.isfinite(out[1, 3].float()).all() and torch.isfinite(out[0].float()).all()
+    assert errors.read() & errors.Flag.NONFINITE

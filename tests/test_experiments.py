@@ -41,9 +41,10 @@ RUNNABLE = {
     "eager_host_path/host_python.py": ["--profile"],
     "eager_host_path/process_state.py": [],
     "compute_sanitizer/run.py": [],
+    "other_gpus_compile/run.py": [],
 }
-#: run in a process of its own: it compiles (DSV4LAB_MODE=compile) instead of interpreting
-COMPILE_MODE = "compiler_resource_report/resources.py"
+#: run in a process of their own: they compile (DSV4LAB_MODE=compile) instead of interpreting
+COMPILE_MODE = ("compiler_resource_report/resources.py", "other_gpus_compile/sm120_tiles.py")
 
 
 def rel(p: Path) -> str:
@@ -69,9 +70,9 @@ def check_smoke_json(path: Path, question: str):
 def test_every_script_is_runnable_or_kept_at_a_tag():
     for path in SCRIPTS:
         first = path.read_text().splitlines()[0]
-        assert (rel(path) in RUNNABLE or rel(path) in (COMPILE_MODE, "stall_reasons/profile_decode.py")
+        assert (rel(path) in RUNNABLE or rel(path) in (*COMPILE_MODE, "stall_reasons/profile_decode.py")
                 or AT_TAG.match(first)), f"{rel(path)}: neither a smoke-tested script nor kept at a git tag"
-    for name in [*RUNNABLE, COMPILE_MODE]:
+    for name in [*RUNNABLE, *COMPILE_MODE]:
         assert (EXP / name).exists(), name
 
 
@@ -96,15 +97,16 @@ def test_stall_summary_from_ncu_csv():
     assert row["hot_sass"][0]["sass"].startswith("LDG") and row["duration_us"] == 65.89 and row["registers"] == 255
 
 
-def test_compile_report_smoke_run(tmp_path):
-    load(EXP / COMPILE_MODE)                  # importable in this (interpreter) process
+@pytest.mark.parametrize("name", COMPILE_MODE)
+def test_compile_report_smoke_run(name, tmp_path):
+    load(EXP / name)                          # importable in this (interpreter) process
     out = tmp_path / "out.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(DSV4LAB_MODE="compile", PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, str(EXP / COMPILE_MODE), str(out), "--cpu-smoke"], env=env,
+    r = subprocess.run([sys.executable, str(EXP / name), str(out), "--cpu-smoke"], env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    check_smoke_json(out, "compiler_resource_report")
+    check_smoke_json(out, name.split("/")[0])
     row = json.loads(out.read_text())["rows"][0]
     assert row["ptxas_ok"] and row["registers"] > 0 and row["mma"]
 
