@@ -1,6 +1,6 @@
 """experiments/: every A/B study has a README, its data and its script; the scripts that run on the
 current package run in their CPU smoke mode (tiny shapes, Triton's interpreter, no timings), the
-ones kept for deleted variants say which git tag they run at."""
+ones kept for deleted variants say which commit of main's history they run at."""
 import importlib.util
 import json
 import os
@@ -15,8 +15,10 @@ ROOT = Path(__file__).resolve().parent.parent
 EXP = ROOT / "experiments"
 FOLDERS = sorted(p for p in EXP.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
 SCRIPTS = sorted(EXP.glob("*/*.py"))
-#: first line of a script kept for variants the package no longer has
-AT_TAG = re.compile(r"# Runs at git tag (exp/\w+) \(commit [0-9a-f]{7,40}\) as (tools|experiments/\w+)/\w+\.py, not on the current package")
+#: first line of a script kept for variants the package no longer has (the commit is in main's history)
+AT_COMMIT = re.compile(r"# Runs at commit ([0-9a-f]{40}) as (tools|experiments/\w+)/\w+\.py, not on the current package")
+#: first line of a script kept only as the record of how its data was made (its variant is gone)
+RECORD = re.compile(r"# Kept as a record: .* it does not run on the current package")
 #: runnable scripts -> the arguments after OUT.json of their smoke run (None: no JSON of its own)
 RUNNABLE = {
     "batch1_split_k_speedup/b1_ratio.py": [],
@@ -67,11 +69,12 @@ def check_smoke_json(path: Path, question: str):
         assert row.get("ok", True) is True, row
 
 
-def test_every_script_is_runnable_or_kept_at_a_tag():
+def test_every_script_is_runnable_or_kept_at_a_commit():
     for path in SCRIPTS:
         first = path.read_text().splitlines()[0]
         assert (rel(path) in RUNNABLE or rel(path) in (*COMPILE_MODE, "stall_reasons/profile_decode.py")
-                or AT_TAG.match(first)), f"{rel(path)}: neither a smoke-tested script nor kept at a git tag"
+                or AT_COMMIT.match(first) or RECORD.match(first)), \
+            f"{rel(path)}: neither a smoke-tested script nor kept at a commit nor marked as a record"
     for name in [*RUNNABLE, *COMPILE_MODE]:
         assert (EXP / name).exists(), name
 
@@ -119,11 +122,33 @@ def test_readme_names_its_files_and_how_to_rerun(folder):
         if f.is_file() and f.name != "README.md" and "__pycache__" not in f.parts:
             assert f.relative_to(folder).as_posix() in text, f"{folder.name}/README.md does not name {f.name}"
     for path in folder.glob("*.py"):
-        m = AT_TAG.match(path.read_text().splitlines()[0])
-        if m:                                 # a kept script: its README says how to check out the tag
+        m = AT_COMMIT.match(path.read_text().splitlines()[0])
+        if m:                                 # a kept script: its README says how to check out the commit
             assert f"git checkout {m.group(1)}" in text, f"{folder.name}/README.md: no 'git checkout {m.group(1)}'"
-    for tag in set(re.findall(r"git checkout (exp/\w+)", text)):
-        assert re.search(rf"{re.escape(tag)}\W+.*\b[0-9a-f]{{40}}\b", text), f"{tag}: give the full commit hash too"
+    # tags do not travel with a clone: a README checks out commits
+    assert not re.findall(r"git checkout (?![0-9a-f]{40}\b)\S+", text), f"{folder.name}: check out a full commit hash"
+
+
+def _history():
+    """Every commit reachable from HEAD, or None where there is no full history to ask."""
+    try:
+        git = lambda *a: subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True, text=True, check=True).stdout
+        if git("rev-parse", "--is-shallow-repository").strip() != "false":
+            return None
+        return set(git("rev-list", "HEAD").split())
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def test_every_commit_an_experiment_names_is_in_mains_history():
+    history = _history()
+    if history is None:
+        pytest.skip("no full git history here (not a clone, or a shallow one)")
+    files = [*EXP.glob("*/README.md"), EXP / "README.md", *SCRIPTS]
+    named = {(h, f.relative_to(EXP).as_posix()) for f in files for h in re.findall(r"\b[0-9a-f]{40}\b", f.read_text())}
+    assert named, "the experiments name commits"
+    missing = sorted(f"{f}: {h}" for h, f in named if h not in history)
+    assert not missing, "named commits that a clone of main does not have: " + ", ".join(missing)
 
 
 def test_index_lists_every_experiment():

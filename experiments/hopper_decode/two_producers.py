@@ -1,4 +1,4 @@
-# Runs at git tag exp/hopper_two_producers (commit c4f0b8f4de30c62740cfd2365c3adc2c5bb9194c) as experiments/hopper_decode/two_producers.py, not on the current package (its PRODUCERS and PV_N constexprs were not shipped)
+# Kept as a record: it compiled a kernel variant (PRODUCERS and PV_N constexprs, never shipped) whose code did not survive in the repository's history; it does not run on the current package
 """Two producer warp groups for the hopper kernel: does it compile without spills? (no GPU needed)
 
     DSV4LAB_MODE=compile python experiments/hopper_decode/two_producers.py OUT.json

@@ -1,4 +1,4 @@
-# Runs at git tag exp/in_graph_timing (commit 971bafe) as tools/ab_layers.py, not on the current package (its variants were deleted).
+# Runs at commit 971bafeb1eb2fcc70cc2c5b9747b0797d8c2c218 as tools/ab_layers.py, not on the current package (its variants were deleted).
 """Decode launches timed the way a decode step runs them: per call inside one CUDA graph of
 LAYERS calls on their own copies of the inputs (bench.time_per_call_in_graph_ms), beside the
 one-call graph every other table uses. One JSON.

@@ -1,4 +1,4 @@
-# Runs at git tag exp/in_launch_merge (commit 971bafe) as tools/ab_merge.py, not on the current package (its variants were deleted).
+# Runs at commit 971bafeb1eb2fcc70cc2c5b9747b0797d8c2c218 as tools/ab_merge.py, not on the current package (its variants were deleted).
 """A/B of split-K's merge on the GPU: a second (combine) launch vs the fused merge (the last
 slice of each row merges), with fp32 or bf16 partials. One JSON under OUT.
 

@@ -1,4 +1,4 @@
-# Runs at git tag exp/topk_keep (commit 35479817ea84) as experiments/indexer_topk/keep.py, not on the current package
+# Runs at commit 35479817ea846ee75aa73c2f435bda7a1279d6ce as experiments/indexer_topk/keep.py, not on the current package
 """Chunks that keep fewer candidates (``TopkLaunch.keep``): checks and times, one process.
 
     python experiments/indexer_topk/keep.py OUT.json [--cpu-smoke]

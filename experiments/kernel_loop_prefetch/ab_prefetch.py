@@ -1,4 +1,4 @@
-# Runs at git tag exp/kernel_loop_prefetch (commit 971bafe) as tools/ab_prefetch.py, not on the current package (its variants were deleted).
+# Runs at commit 971bafeb1eb2fcc70cc2c5b9747b0797d8c2c218 as tools/ab_prefetch.py, not on the current package (its variants were deleted).
 """The 64-head tile's prefetch loops on the GPU: 4 (indices one tile ahead) against 5 (4 + the next
 tile's bytes requested into L2 after this tile's Q @ K^T) and 7 (two tiles ahead), the last two also
 with the integer dequant and the folded scale (VARIANTS). One JSON.

@@ -1,4 +1,4 @@
-# Runs at git tag exp/program_clocks (commit 971bafe) as tools/trace_decode.py, not on the current package (its variants were deleted).
+# Runs at commit 971bafeb1eb2fcc70cc2c5b9747b0797d8c2c218 as tools/trace_decode.py, not on the current package (its variants were deleted).
 """Where a decode launch's time goes, from the GPU's own clock: every program of the head-batched
 kernel (and of split-K's combine kernel) writes %globaltimer at its start, after its last tile and
 after its stores, and its SM id (kernels.common.trace_point). One JSON.

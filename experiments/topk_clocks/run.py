@@ -1,4 +1,4 @@
-# Runs at git tag exp/topk_rank_select (commit 4684d48) as experiments/topk_clocks/run.py, not on the current package (its TRACED constexpr and the ranked bucket were removed after these runs).
+# Runs at commit 4684d48504eecc42e4ac8241be3744159ddc8f11 as experiments/topk_clocks/run.py, not on the current package (its TRACED constexpr and the ranked bucket were removed after these runs).
 """Where the top-k kernel's time goes, from the GPU's own clock: every program writes %globaltimer
 at its start, after its row's maximum (first tile loaded), after the anchor pass, after the
 refining passes, after its stores and at its end, plus its pass count and SM id
