@@ -110,7 +110,7 @@ def device_key() -> str:
 
 
 #: shared memory a block needs for the "default" entries (64 x 32, 2 stages: 151,680 B compiled for
-#: sm_120, whose mma.sync path sm_80 / sm_89 share); a GPU without an entry of its own that allows
+#: sm_121 and sm_89, whose mma.sync path sm_120 and sm_80 share); a GPU without an entry of its own that allows
 #: less takes sm_120's entries (~82 KB). experiments/other_gpus_compile
 DEFAULT_SMEM_NEED = 152_000
 
@@ -122,6 +122,8 @@ def _table_key(use: str) -> str:
     key = device_key()
     if (key, use) in TILE_TABLE or key == "interpret":
         return key
+    if key is None:                    # compile mode outside planned_for: no device to ask
+        return "default"
     family = key.split(".")[0] + ".0"
     if (family, use) in TILE_TABLE:
         return family

@@ -254,8 +254,7 @@ def test_host_cdiv_and_next_power_of_2_match_triton():
 @pytest.mark.parametrize("impl", ["simt", "mma_story", "mma", "splitk", "splitk_auto"])
 def test_a_non_finite_output_is_flagged_and_a_finite_one_is_not(impl):
     """An inf in one head of q makes that output row NaN: the kernel (or split-K's merge) sets
-    NONFINITE in the error word, and leaves it clear on the same call with a finite q. Odd H: the
-    padded rows of a head block must not count."""
+    NONFINITE in the error word, and leaves it clear on the same call with a finite q (odd H, so head blocks are padded)."""
     from dsv4lab import errors
     inp = make_decode_inputs(2, 5, 24, context=60, topk_len=True, sink=True)
     errors.read()

@@ -47,10 +47,13 @@ def test_the_tile_table_entry_each_gpu_gets():
             "        print(name, '|', planning._table_key('mma'), '|', planning.tile_config().block_h)\n")
     r = subprocess.run([sys.executable, "-c", code], env=compile_env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    got = {line.split(" | ")[0]: line.split(" | ")[1] for line in r.stdout.splitlines()}
+    rows = [line.split(" | ") for line in r.stdout.splitlines()]
+    got = {name: key for name, key, _ in rows}
     # its own entry (H200), its family's (GB10: sm_121 -> sm_120), the ~99 KB entry where a block gets
     # less shared memory than the default needs (L40S), else the default (B200)
     assert got == {"H200": "9.0", "B200": "default", "RTX PRO 6000": "12.0", "GB10": "12.0", "L40S": "12.0"}
+    # the ~99 KB GPUs get 16-head tiles, the others 64-head ones
+    assert {name: int(h) for name, _, h in rows} == {"H200": 64, "B200": 64, "RTX PRO 6000": 16, "GB10": 16, "L40S": 16}
 
 
 def test_planned_for_needs_compile_mode():

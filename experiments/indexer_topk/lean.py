@@ -2,7 +2,7 @@
 (``TopkLaunch.anchor``, ``rebase``), and eight chunks a row: checks and times, one process. This is
 run 3 of experiments/indexer_topk's "lean" runs; runs 1-2 (fewer reductions a pass, wider radix
 passes, the chunk's early load and candidate values from registers as options) and run 4 (the
-merge's positions loaded early) ran variants kept at tags (the README names them).
+merge's positions loaded early) ran variants at commits the README names (the code of runs 1 and 4 did not survive).
 
     python experiments/indexer_topk/lean.py OUT.json [--cpu-smoke]
 
