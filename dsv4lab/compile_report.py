@@ -114,7 +114,6 @@ def launch_report(opts, *, story: bool = False, arch=90, maxnreg=None) -> dict:
             "triton": triton.__version__, **report(k, arch)}
 
 
-
 #: GPUs the package is compile-checked for (experiments/other_gpus_compile): SM counts and the
 #: shared memory a block may opt into, from public specifications; none was measured by the lab
 TARGETS = {
@@ -185,9 +184,10 @@ _TYPE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", t
 _OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl", "launch_cooperative_grid")
 
 
-def compile_captured(c: Captured, arch: int):
-    """Compile a recorded launch for sm_``arch`` as Triton's launcher would specialize it: pointers
-    by dtype and 16-byte alignment, ints by width, ``% 16 == 0`` and ``== 1``, None a constexpr."""
+def signature(c: Captured):
+    """(signature, constexprs, attrs, options) of a recorded launch, as Triton's launcher would
+    specialize it: pointers by dtype and 16-byte alignment, ints by width, ``% 16 == 0`` and
+    ``== 1``, None a constexpr. Two launches with the same signature compile to the same kernel."""
     fn = c.fn
     bound = dict(zip(fn.arg_names, c.args))
     bound.update((k, v) for k, v in c.kwargs.items() if k not in _OPTIONS)
@@ -214,7 +214,13 @@ def compile_captured(c: Captured, arch: int):
         else:
             raise TypeError(f"{c.name}: argument {p.name} of type {type(v).__name__} has no compile signature here")
     options = {k: v for k, v in c.kwargs.items() if k in _OPTIONS and v is not None}
-    return triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", arch, 32),
+    return sig, consts, attrs, options
+
+
+def compile_captured(c: Captured, arch: int):
+    """Compile a recorded launch for sm_``arch`` with its :func:`signature`."""
+    sig, consts, attrs, options = signature(c)
+    return triton.compile(ASTSource(c.fn, sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", arch, 32),
                           options=options)
 
 

@@ -120,7 +120,7 @@ def _table_key(use: str) -> str:
     else "12.0" where a block gets less shared memory than the default entries need (sm_86, sm_89);
     else "default"."""
     key = device_key()
-    if (key, use) in TILE_TABLE or key == "interpret":
+    if (key, use) in TILE_TABLE:
         return key
     if key is None:                    # compile mode outside planned_for: no device to ask
         return "default"

@@ -88,14 +88,9 @@ def calls(which: str) -> dict:
 
 
 def _key(c: compile_report.Captured) -> str:
-    """What a compile depends on: the kernel, its keywords, each argument's dtype or specialization."""
-    def spec(v):
-        if isinstance(v, torch.Tensor):
-            return (str(v.dtype), v.data_ptr() % 16 == 0)
-        if isinstance(v, bool) or not isinstance(v, int):
-            return repr(v) if v is None or isinstance(v, bool) else type(v).__name__
-        return ("int", v == 1, v % 16 == 0, -2**31 <= v < 2**31)
-    return repr((c.name, sorted((k, str(v)) for k, v in c.kwargs.items()), [spec(v) for v in c.args]))
+    """What a compile depends on: the kernel and its specialized signature (compile_report.signature)."""
+    sig, consts, attrs, options = compile_report.signature(c)
+    return repr((c.name, sig, sorted(consts.items()), sorted(attrs.items()), sorted(options.items())))
 
 
 def child(target_name: str, which: str) -> list:
