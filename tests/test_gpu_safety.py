@@ -221,16 +221,17 @@ def test_direct_launch_equals_triton_launch_and_misaligned_takes_triton_path():
 
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("histogram", ["ballot", "shared"])
 @pytest.mark.parametrize("split,merge", [(1, "launch"), (2, "launch"), (None, "launch"), (2, "fused"), (None, "fused"),
                                          (8, "fused")])
-def test_topk_splits_on_the_gpu_are_the_contract_bitwise_and_graph_safe(split, merge):
+def test_topk_splits_on_the_gpu_are_the_contract_bitwise_and_graph_safe(split, merge, histogram):
     """Each top-k split on the GPU: the contract's positions on indexer logits of random lengths
     (empty, shorter than k, one tile, two tiles), bitwise over 20 reruns and in a replayed graph."""
     from dsv4lab.kernels.topk import TOPK, topk_triton
     from dataclasses import replace
     inp = make_indexer_inputs(32, 64, 16384, seq_lens=[0, 1, 511, 512, 513] + [8192] * 20 + [16384] * 7, seed=8)
     x = dsv4lab.indexer_logits(*inp.args(), max_seq_len=16384, impl="triton")
-    launch = replace(TOPK, split=split, merge=merge)
+    launch = replace(TOPK, split=split, merge=merge, histogram=histogram)
     got = topk_triton(x, inp.seq_lens, 512, launch=launch)
     assert torch.equal(got.cpu(), reference.topk_positions(x.cpu(), 512))
     _same_20_times_and_in_a_graph(lambda: topk_triton(x, inp.seq_lens, 512, launch=launch))
@@ -265,12 +266,13 @@ def _live(x, n):
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("tile,split,merge", [(8192, None, "fused"), (1024, 1, "fused"), (256, 2, "fused"),
                                               (1024, 4, "fused"), (2048, 8, "launch")])
-def test_topk_on_hard_rows_and_replayed_on_new_data(tile, split, merge):
+@pytest.mark.parametrize("histogram", ["ballot", "shared"])
+def test_topk_on_hard_rows_and_replayed_on_new_data(tile, split, merge, histogram):
     """The top-k's launches on the GPU on rows that miss either anchor, ties across chunk edges,
     chunks longer than their tile, empty and short rows: the contract at several k, bitwise over
     reruns, and one captured graph replayed on other rows and lengths."""
     from dsv4lab.kernels.topk import TopkLaunch, topk_triton
-    launch = TopkLaunch(tile=tile, split=split, merge=merge)
+    launch = TopkLaunch(tile=tile, split=split, merge=merge, histogram=histogram)
     x, n = _hard_rows(3000, 3)
     x, n = x.cuda(), n.cuda()
     for k in (1, 37, 512, 2999):

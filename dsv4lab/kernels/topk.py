@@ -91,7 +91,10 @@ class TopkLaunch:
     positions it loads past seq_len are never used). ``merge``
     (S > 1): "fused", the row's last chunk program to finish does that in the chunk launch (one
     launch in all); "launch", a second launch of B programs does it. ``rebase``: after a miss of
-    pass 0, anchor its buckets again at the smallest key."""
+    pass 0, anchor its buckets again at the smallest key. ``histogram``: how the refining passes
+    count ("ballot": ``tl.histogram``; "shared": shared-memory atomics by inline PTX, one per
+    distinct digit of a warp's matching keys, so a pass costs its matching keys rather than the
+    tile; a GPU only, the interpreter runs "ballot")."""
     tile: int = 8192
     radix: int = 5
     num_warps: int = 8
@@ -99,6 +102,7 @@ class TopkLaunch:
     split: int | None = None
     merge: str = "fused"
     rebase: bool = True
+    histogram: str = "ballot"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -130,6 +134,37 @@ def _digit_hist(key, himask, prefix, lo, dmask, NB: tl.constexpr):
     """Histogram of the digit (key >> lo) & dmask over the valid keys whose fixed bits match prefix."""
     match = (key != 0) & ((key & himask) == prefix)
     return tl.histogram(((key >> lo) & dmask).to(tl.int32), NB, mask=match)
+
+
+@triton.jit
+def _hist_words():
+    """Shared-memory address of the refining passes' three rotating histograms of up to 256 bins
+    (a static array of 4 x 256 words the PTX declares: Triton has no shared-memory atomics)."""
+    return tl.inline_asm_elementwise("{ .shared .align 16 .b32 dsv4lab_topk_hist[1024]; mov.u32 $0, dsv4lab_topk_hist; }",
+                                     "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _shared_count(key, himask, prefix, lo, dmask, words):
+    """Add the digits (key >> lo) & dmask of the valid keys whose fixed bits match prefix to the
+    histogram at ``words``: the lanes of a warp with the same digit add their count once
+    (match.any), so a digit most keys share costs one atomic a warp, not 32 in a row."""
+    match = (key != 0) & ((key & himask) == prefix)
+    addr = words + (((key >> lo) & dmask) * 4).to(tl.int32)
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p, l; .reg .b32 a, m, lt, c; setp.ne.s32 p, $2, 0; selp.b32 a, $1, -1, p; "
+        "match.any.sync.b32 m, a, -1; mov.u32 lt, %lanemask_lt; and.b32 lt, lt, m; "
+        "setp.eq.and.b32 l, lt, 0, p; popc.b32 c, m; @l red.shared.add.u32 [a], c; mov.u32 $0, 0; }",
+        "=r,r,r", [addr, match.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _shared_words(addr, clear: tl.constexpr):
+    """Read the words at ``addr`` (clear False) or set them to 0 (True)."""
+    if clear:
+        return tl.inline_asm_elementwise("st.shared.u32 [$1], 0; mov.u32 $0, 0;", "=r,r", [addr], dtype=tl.int32,
+                                         is_pure=False, pack=1)
+    return tl.inline_asm_elementwise("ld.shared.u32 $0, [$1];", "=r,r", [addr], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -210,15 +245,18 @@ def _store(out, aux, row, sel, slot, pos, start, STAGE: tl.constexpr):
 def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, stride_ob, stride_fb, num_pages, stride_pb,
                  TILE: tl.constexpr, RADIX: tl.constexpr, OUT_BLOCK: tl.constexpr,
                  ANCHOR: tl.constexpr = 11, STAGE: tl.constexpr = 0, GUARD: tl.constexpr = False,
-                 PAGE: tl.constexpr = 64, MERGE_TILE: tl.constexpr = 32, REBASE: tl.constexpr = True):
+                 PAGE: tl.constexpr = 64, MERGE_TILE: tl.constexpr = 32, REBASE: tl.constexpr = True,
+                 SHARED_HIST: tl.constexpr = False):
     """STAGE 0: the top-k of row b's live prefix. STAGE 1 (grid (B, S)): the top-k of chunk s of
     it, written as k candidates (positions to OUT, logits to AUX: [B, S*k], chunk s at s*k, -1 /
     -inf padded). STAGE 2: the top-k of a row's S*k candidates (X), emitted as the positions AUX
     holds for them. STAGE 3: stage 1, then the row's last chunk to finish (a ticket from the row's
     counter CNT[b]) runs stage 2 on the row's candidates into FINAL, in tiles of MERGE_TILE.
     GUARD (stages 0, 1, 3): seq_lens[b] is checked and cut as the indexer's contract says
-    (common.live_length) and flagged in the error word ERR."""
+    (common.live_length) and flagged in the error word ERR. SHARED_HIST: the refining passes count
+    by shared-memory atomics (``TopkLaunch.histogram``)."""
     b = tl.program_id(0).to(tl.int64)
+    words = _hist_words() if SHARED_HIST else 0
     s = tl.program_id(1)
     offs = tl.arange(0, TILE)
     start = 0
@@ -254,7 +292,7 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, str
         key0 = tl.where(offs < n, key0, 0)
         tl.atomic_or(ERR, flags, mask=(flags != 0) & (s == 0))
     if STAGE == 3:
-        _select(row, out, aux, n, key0, k, start, TILE, RADIX, OUT_BLOCK, ANCHOR, 1, REBASE)
+        _select(row, out, aux, n, key0, k, start, words, TILE, RADIX, OUT_BLOCK, ANCHOR, 1, REBASE, SHARED_HIST)
         # every thread's candidate stores before the ticket's release (barrier + acq_rel atomic);
         # the last ticket resets the counter, so a CUDA graph replays from zero
         tl.debug_barrier()
@@ -264,20 +302,27 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, str
             m = tl.num_programs(1) * k
             vals = AUX + b * stride_ob
             mkey = _load_keys(vals, 0, tl.arange(0, MERGE_TILE), m)
-            _select(vals, FINAL + b * stride_fb, OUT + b * stride_ob, m, mkey, k, 0, MERGE_TILE, RADIX, OUT_BLOCK,
-                    ANCHOR, 2, REBASE)
+            _select(vals, FINAL + b * stride_fb, OUT + b * stride_ob, m, mkey, k, 0, words, MERGE_TILE, RADIX,
+                    OUT_BLOCK, ANCHOR, 2, REBASE, SHARED_HIST)
     else:
-        _select(row, out, aux, n, key0, k, start, TILE, RADIX, OUT_BLOCK, ANCHOR, STAGE, REBASE)
+        _select(row, out, aux, n, key0, k, start, words, TILE, RADIX, OUT_BLOCK, ANCHOR, STAGE, REBASE, SHARED_HIST)
 
 
 @triton.jit
-def _select(row, out, aux, n, key0, k, start, TILE: tl.constexpr, RADIX: tl.constexpr, OUT_BLOCK: tl.constexpr,
-            ANCHOR: tl.constexpr, STAGE: tl.constexpr, REBASE: tl.constexpr):
+def _select(row, out, aux, n, key0, k, start, words, TILE: tl.constexpr, RADIX: tl.constexpr,
+            OUT_BLOCK: tl.constexpr, ANCHOR: tl.constexpr, STAGE: tl.constexpr, REBASE: tl.constexpr,
+            SHARED_HIST: tl.constexpr):
     """The top-k of the n keys at ``row`` (``key0``: its first tile's keys), stored as ``STAGE``
-    says (_store), then the -1 (and, stage 1, -inf) padding of the k output slots."""
+    says (_store), then the -1 (and, stage 1, -inf) padding of the k output slots. With SHARED_HIST
+    pass p counts into histogram p % 3 at ``words`` and clears histogram (p + 2) % 3 after reading
+    its own: one barrier a pass (the clear of a histogram is a pass behind its last read and ahead
+    of its next count)."""
     offs = tl.arange(0, TILE)
     NB: tl.constexpr = 1 << RADIX
     bins = tl.arange(0, NB)
+    if SHARED_HIST:
+        _shared_words(words + tl.arange(0, 4 * NB) * 4, True)          # (a fused merge reuses them)
+        tl.debug_barrier()
     prefix = tl.zeros([], tl.uint32)       # the key bits fixed so far (bits below lo are 0)
     himask = tl.zeros([], tl.uint32)       # which bits those are
     lo = tl.full([], 32, tl.int32)         # bits lo..31 are fixed
@@ -314,14 +359,25 @@ def _select(row, out, aux, n, key0, k, start, TILE: tl.constexpr, RADIX: tl.cons
         lo = tl.where(hit, SH, lo)
         k_rem = tl.where(hit, k_rem - above, k_rem)
         busy = tl.where(hit, in_d > k_rem, busy)
+    p = 0
     while busy:
         new_lo = tl.maximum(lo - RADIX, 0)
         dmask = ((1 << (lo - new_lo)) - 1).to(tl.uint32)
-        h = _digit_hist(key0, himask, prefix, new_lo, dmask, NB)
-        for c in range(TILE, n, TILE):
-            h += _digit_hist(_load_keys(row, c, offs, n), himask, prefix, new_lo, dmask, NB)
+        if SHARED_HIST:
+            hist = words + (p % 3) * (4 * NB)
+            _shared_count(key0, himask, prefix, new_lo, dmask, hist)
+            for c in range(TILE, n, TILE):
+                _shared_count(_load_keys(row, c, offs, n), himask, prefix, new_lo, dmask, hist)
+            tl.debug_barrier()
+            h = _shared_words(hist + bins * 4, False)
+            _shared_words(words + ((p + 2) % 3) * (4 * NB) + bins * 4, True)
+        else:
+            h = _digit_hist(key0, himask, prefix, new_lo, dmask, NB)
+            for c in range(TILE, n, TILE):
+                h += _digit_hist(_load_keys(row, c, offs, n), himask, prefix, new_lo, dmask, NB)
         prefix, himask, k_rem, busy = _refine(h, bins, k_rem, prefix, himask, new_lo, dmask)
         lo = new_lo
+        p += 1
     sel, slot, eq_seen, taken = _emit(key0, himask, prefix, k_rem, 0, 0)
     _store(out, aux, row, sel, slot, offs, start, STAGE)
     for c in range(TILE, n, TILE):
@@ -422,9 +478,11 @@ def _topk_args(launch: TopkLaunch, B, width, k, page_size, guard):
         raise ValueError(f"split must be a power of two in [1, tile / 32 = {launch.tile // 32}], got {S}")
     if launch.merge not in ("launch", "fused"):
         raise ValueError(f"merge must be 'launch' or 'fused', got {launch.merge!r}")
+    if launch.histogram not in ("ballot", "shared"):
+        raise ValueError(f"histogram must be 'ballot' or 'shared', got {launch.histogram!r}")
     opts = dict(RADIX=launch.radix, OUT_BLOCK=min(OUT_BLOCK, next_power_of_2(k)), ANCHOR=launch.anchor,
                 PAGE=page_size, num_warps=launch.num_warps,
-                REBASE=launch.rebase)
+                REBASE=launch.rebase, SHARED_HIST=launch.histogram == "shared" and not is_interpret())
     merge_tile = min(launch.tile, next_power_of_2(S * k))
     fused = launch.merge == "fused"
     return (S, dict(opts, TILE=launch.tile, STAGE=0, GUARD=guard),

@@ -5,7 +5,8 @@
 
 The driver runs this same file once per tool under ``compute-sanitizer --tool TOOL`` with
 ``--targets``: every target (a decode impl, the merged two-cache decode, the indexer's logits and
-top-k, each with the guard launches its API path adds) runs once at a small shape with padding,
+top-k, each with the guard launches its API path adds; on a GPU also the top-k with its shared-memory
+histogram, `topk:shared*`, whose barriers the lab places) runs once at a small shape with padding,
 a topk_len, a sink, indices on page boundaries and, for the decode, indices past the cache that
 the device-side checks must read as padding. The child prints one line per target it finished;
 the driver parses the sanitizer's ``ERROR SUMMARY`` and the kernels its reports name.
@@ -42,6 +43,7 @@ import torch
 
 from dsv4lab import ab, api, errors
 from dsv4lab.kernels import hopper
+from dsv4lab.kernels.topk import TopkLaunch, topk_triton
 from dsv4lab.testing import make_decode_inputs, make_indexer_inputs, make_merged_decode_inputs
 
 QUESTION = "compute_sanitizer"
@@ -68,6 +70,13 @@ def targets(smoke: bool) -> dict:
     out["indexer_logits:triton"] = lambda: dsv4lab.indexer_logits(*idx.args(), max_seq_len=L, impl="triton")
     out["indexer_topk:triton"] = lambda: dsv4lab.indexer_topk(*idx.args(), max_seq_len=L, topk=16 if smoke else 64,
                                                                impl="triton")
+    if not smoke:                       # the top-k's shared-memory histogram: its barriers are the lab's own
+        g = torch.Generator().manual_seed(4)
+        xs, ns = torch.randn(2, 3000, generator=g).cuda(), torch.tensor([3000, 1700], dtype=torch.int32).cuda()
+        for name, launch in {"topk:shared": TopkLaunch(histogram="shared", split=2),
+                             "topk:shared_streamed": TopkLaunch(tile=1024, histogram="shared", split=2),
+                             "topk:shared_one_program": TopkLaunch(tile=1024, histogram="shared", split=1)}.items():
+            out[name] = lambda launch=launch: topk_triton(xs, ns, 512, launch=launch)
     if not smoke and hopper.unavailable_reason() is None:
         out["control:warp_specialize"] = control(_control_kernel, captured=False)
         out["control:warp_specialize_capture"] = control(_capture_kernel)

@@ -28,13 +28,12 @@ from dsv4lab.testing import make_indexer_inputs, poisoned
 QUESTION = "indexer_topk"
 K = 512
 H = 64
-LAUNCHES = {"anchor 12": replace(TOPK, anchor=12, rebase=False),
-            "anchor 12 rebase": replace(TOPK, anchor=12, rebase=True),
-            "anchor 11": replace(TOPK, anchor=11, rebase=False),
-            "anchor 11 rebase": replace(TOPK, anchor=11, rebase=True),
-            "anchor 10 rebase": replace(TOPK, anchor=10, rebase=True),
-            "anchor 11 rebase split 8": replace(TOPK, anchor=11, rebase=True, split=8),
-            "anchor 11 rebase 16 warps": replace(TOPK, anchor=11, rebase=True, num_warps=16)}
+LAUNCHES = {"anchor 11 rebase": replace(TOPK, anchor=11, rebase=True),
+            "shared": replace(TOPK, histogram="shared"),
+            "shared 16 warps": replace(TOPK, histogram="shared", num_warps=16),
+            "shared anchor 0": replace(TOPK, histogram="shared", anchor=0),
+            "shared anchor 12": replace(TOPK, histogram="shared", anchor=12),
+            "shared radix 6": replace(TOPK, histogram="shared", radix=6)}
 
 
 def logits_of(B, live, L, seed):
