@@ -447,3 +447,17 @@ def test_the_step_guards_its_inputs_without_the_guard_launch(monkeypatch):
     cut = torch.zeros(2, 256, dtype=torch.bool)
     cut[1, 64:] = True
     assert torch.equal(got, reference.topk_positions(ref.masked_fill(cut, -math.inf), 24))
+
+
+def test_shared_histograms_only_where_every_key_has_one_thread():
+    # a tile smaller than a program's threads is held twice over, and each copy's atomic would
+    # count: such launches, and the interpreter, count by ballots
+    from dsv4lab.kernels.topk import counts_in_shared
+    shared = TopkLaunch(histogram="shared", num_warps=8)
+    assert counts_in_shared(shared, (2048, 2048), interpret=False)
+    assert not counts_in_shared(shared, (128, 2048), interpret=False)
+    assert not counts_in_shared(shared, (2048,), interpret=True)
+    assert not counts_in_shared(TopkLaunch(), (8192,), interpret=False)
+    assert counts_in_shared(TopkLaunch(histogram="shared", num_warps=16), (512,), interpret=False)
+    with pytest.raises(ValueError, match="histogram must be 'ballot' or 'shared'"):
+        _topk(torch.randn(2, 300), _lens(300, 200), 8, TopkLaunch(histogram="smem"))

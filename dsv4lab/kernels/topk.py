@@ -130,48 +130,63 @@ def order_keys(x, n_ok):
 
 
 @triton.jit
-def _digit_hist(key, himask, prefix, lo, dmask, NB: tl.constexpr):
-    """Histogram of the digit (key >> lo) & dmask over the valid keys whose fixed bits match prefix."""
-    match = (key != 0) & ((key & himask) == prefix)
-    return tl.histogram(((key >> lo) & dmask).to(tl.int32), NB, mask=match)
+def _digit(key, himask, prefix, lo, dmask):
+    """A refining pass's buckets: the digit (key >> lo) & dmask, and which keys count (valid, and
+    their fixed bits match prefix)."""
+    return ((key >> lo) & dmask).to(tl.int32), (key != 0) & ((key & himask) == prefix)
+
+
+@triton.jit
+def _anchored(key, base, SH: tl.constexpr, NB: tl.constexpr):
+    """Pass 0's buckets: the key prefix (key >> SH) - base clamped to [0, NB - 1], and which keys
+    count (the valid ones)."""
+    return tl.minimum(tl.maximum((key >> SH).to(tl.int32) - base, 0), NB - 1), key != 0
 
 
 @triton.jit
 def _hist_words():
-    """Shared-memory address of the refining passes' three rotating histograms of up to 256 bins
-    (a static array of 4 x 256 words the PTX declares: Triton has no shared-memory atomics)."""
+    """Shared-memory address of the passes' three rotating histograms of up to 256 bins (a static
+    array of 4 x 256 words the PTX declares: Triton has no shared-memory atomics)."""
     return tl.inline_asm_elementwise("{ .shared .align 16 .b32 dsv4lab_topk_hist[1024]; mov.u32 $0, dsv4lab_topk_hist; }",
                                      "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
-def _shared_count(key, himask, prefix, lo, dmask, words):
-    """Add the digits (key >> lo) & dmask of the valid keys whose fixed bits match prefix to the
-    histogram at ``words``: the lanes of a warp with the same digit add their count once
-    (match.any), so a digit most keys share costs one atomic a warp, not 32 in a row."""
-    match = (key != 0) & ((key & himask) == prefix)
-    addr = words + (((key >> lo) & dmask) * 4).to(tl.int32)
-    return tl.inline_asm_elementwise(
-        "{ .reg .pred p, l; .reg .b32 a, m, lt, c; setp.ne.s32 p, $2, 0; selp.b32 a, $1, -1, p; "
-        "match.any.sync.b32 m, a, -1; mov.u32 lt, %lanemask_lt; and.b32 lt, lt, m; "
-        "setp.eq.and.b32 l, lt, 0, p; popc.b32 c, m; @l red.shared.add.u32 [a], c; mov.u32 $0, 0; }",
-        "=r,r,r", [addr, match.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+def _count(h, bucket, ok, words, p, SHARED: tl.constexpr, NB: tl.constexpr):
+    """Add one tile's keys (``bucket`` where ``ok``) to pass p's histogram: ``h`` + a ballot
+    histogram (``tl.histogram``), or (SHARED) atomics on shared histogram p % 3 at ``words``, where
+    the lanes of a warp with the same bucket first agree on it (match.any) and one of them adds
+    their count: a bucket most keys share costs one atomic a warp, not 32 in a row."""
+    if SHARED:
+        addr = words + (p % 3) * (4 * NB) + bucket * 4
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p, l; .reg .b32 a, m, lt, c; setp.ne.s32 p, $2, 0; selp.b32 a, $1, -1, p; "
+            "match.any.sync.b32 m, a, -1; mov.u32 lt, %lanemask_lt; and.b32 lt, lt, m; "
+            "setp.eq.and.b32 l, lt, 0, p; popc.b32 c, m; @l red.shared.add.u32 [a], c; mov.u32 $0, 0; }",
+            "=r,r,r", [addr, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+        return h
+    return h + tl.histogram(bucket, NB, mask=ok)
 
 
 @triton.jit
-def _shared_words(addr, clear: tl.constexpr):
-    """Read the words at ``addr`` (clear False) or set them to 0 (True)."""
-    if clear:
-        return tl.inline_asm_elementwise("st.shared.u32 [$1], 0; mov.u32 $0, 0;", "=r,r", [addr], dtype=tl.int32,
-                                         is_pure=False, pack=1)
-    return tl.inline_asm_elementwise("ld.shared.u32 $0, [$1];", "=r,r", [addr], dtype=tl.int32, is_pure=False, pack=1)
+def _counted(h, words, p, SHARED: tl.constexpr, NB: tl.constexpr):
+    """Pass p's histogram once every tile is counted. SHARED: a barrier, then every thread reads
+    histogram p % 3 and clears (p + 2) % 3, whose last read was pass p - 1's (before this barrier)
+    and whose next count is pass p + 2's (after the next): one barrier a pass."""
+    if SHARED:
+        bins = tl.arange(0, NB) * 4
+        tl.debug_barrier()
+        h = tl.inline_asm_elementwise("ld.shared.u32 $0, [$1];", "=r,r", [words + (p % 3) * (4 * NB) + bins],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+        _clear(words + ((p + 2) % 3) * (4 * NB) + bins)
+    return h
 
 
 @triton.jit
-def _anchor_hist(key, base, SH: tl.constexpr, NB: tl.constexpr):
-    """Histogram of the anchored buckets: key prefix (key >> SH) - base, clamped to [0, NB - 1]."""
-    b = tl.minimum(tl.maximum((key >> SH).to(tl.int32) - base, 0), NB - 1)
-    return tl.histogram(b, NB, mask=key != 0)
+def _clear(addr):
+    """Set the shared-memory words at ``addr`` to 0."""
+    tl.inline_asm_elementwise("st.shared.u32 [$1], 0; mov.u32 $0, 0;", "=r,r", [addr], dtype=tl.int32,
+                              is_pure=False, pack=1)
 
 
 @triton.jit
@@ -313,16 +328,16 @@ def _select(row, out, aux, n, key0, k, start, words, TILE: tl.constexpr, RADIX: 
             OUT_BLOCK: tl.constexpr, ANCHOR: tl.constexpr, STAGE: tl.constexpr, REBASE: tl.constexpr,
             SHARED_HIST: tl.constexpr):
     """The top-k of the n keys at ``row`` (``key0``: its first tile's keys), stored as ``STAGE``
-    says (_store), then the -1 (and, stage 1, -inf) padding of the k output slots. With SHARED_HIST
-    pass p counts into histogram p % 3 at ``words`` and clears histogram (p + 2) % 3 after reading
-    its own: one barrier a pass (the clear of a histogram is a pass behind its last read and ahead
-    of its next count)."""
+    says (_store), then the -1 (and, stage 1, -inf) padding of the k output slots. Pass p counts
+    (_count, _counted) by ballots, or (SHARED_HIST) in shared histogram p % 3 at ``words``."""
     offs = tl.arange(0, TILE)
     NB: tl.constexpr = 1 << RADIX
     bins = tl.arange(0, NB)
+    zero = tl.zeros([NB], tl.int32)
     if SHARED_HIST:
-        _shared_words(words + tl.arange(0, 4 * NB) * 4, True)          # (a fused merge reuses them)
+        _clear(words + tl.arange(0, 4 * NB) * 4)                       # (a fused merge's select reuses them)
         tl.debug_barrier()
+    p = 0                                  # passes counted so far
     prefix = tl.zeros([], tl.uint32)       # the key bits fixed so far (bits below lo are 0)
     himask = tl.zeros([], tl.uint32)       # which bits those are
     lo = tl.full([], 32, tl.int32)         # bits lo..31 are fixed
@@ -334,9 +349,13 @@ def _select(row, out, aux, n, key0, k, start, words, TILE: tl.constexpr, RADIX: 
         for c in range(TILE, n, TILE):
             kmax = tl.maximum(kmax, tl.max(_load_keys(row, c, offs, n), 0))
         base = (kmax >> SH).to(tl.int32) - (NB - 1)
-        h = _anchor_hist(key0, base, SH, NB)
+        bucket, ok = _anchored(key0, base, SH, NB)
+        h = _count(zero, bucket, ok, words, p, SHARED_HIST, NB)
         for c in range(TILE, n, TILE):
-            h += _anchor_hist(_load_keys(row, c, offs, n), base, SH, NB)
+            bucket, ok = _anchored(_load_keys(row, c, offs, n), base, SH, NB)
+            h = _count(h, bucket, ok, words, p, SHARED_HIST, NB)
+        h = _counted(h, words, p, SHARED_HIST, NB)
+        p += 1
         d, above, in_d, k_rem = _select_digit(h, bins, k_rem)
         hit = d > 0                        # the lowest bucket holds every lower prefix: a miss
         if REBASE:
@@ -349,9 +368,13 @@ def _select(row, out, aux, n, key0, k, start, words, TILE: tl.constexpr, RADIX: 
                     kt = _load_keys(row, c, offs, n)
                     kmin = tl.minimum(kmin, tl.min(tl.where(kt != 0, kt, 0xFFFFFFFF), 0))
                 base = (kmin >> SH).to(tl.int32)
-                h = _anchor_hist(key0, base, SH, NB)
+                bucket, ok = _anchored(key0, base, SH, NB)
+                h = _count(zero, bucket, ok, words, p, SHARED_HIST, NB)
                 for c in range(TILE, n, TILE):
-                    h += _anchor_hist(_load_keys(row, c, offs, n), base, SH, NB)
+                    bucket, ok = _anchored(_load_keys(row, c, offs, n), base, SH, NB)
+                    h = _count(h, bucket, ok, words, p, SHARED_HIST, NB)
+                h = _counted(h, words, p, SHARED_HIST, NB)
+                p += 1
                 d, above, in_d, k_rem = _select_digit(h, bins, k_rem)
                 hit = d < NB - 1
         prefix = tl.where(hit, (base + d).to(tl.uint32) << SH, prefix)      # shifted unsigned: no overflow
@@ -359,25 +382,18 @@ def _select(row, out, aux, n, key0, k, start, words, TILE: tl.constexpr, RADIX: 
         lo = tl.where(hit, SH, lo)
         k_rem = tl.where(hit, k_rem - above, k_rem)
         busy = tl.where(hit, in_d > k_rem, busy)
-    p = 0
     while busy:
         new_lo = tl.maximum(lo - RADIX, 0)
         dmask = ((1 << (lo - new_lo)) - 1).to(tl.uint32)
-        if SHARED_HIST:
-            hist = words + (p % 3) * (4 * NB)
-            _shared_count(key0, himask, prefix, new_lo, dmask, hist)
-            for c in range(TILE, n, TILE):
-                _shared_count(_load_keys(row, c, offs, n), himask, prefix, new_lo, dmask, hist)
-            tl.debug_barrier()
-            h = _shared_words(hist + bins * 4, False)
-            _shared_words(words + ((p + 2) % 3) * (4 * NB) + bins * 4, True)
-        else:
-            h = _digit_hist(key0, himask, prefix, new_lo, dmask, NB)
-            for c in range(TILE, n, TILE):
-                h += _digit_hist(_load_keys(row, c, offs, n), himask, prefix, new_lo, dmask, NB)
+        bucket, ok = _digit(key0, himask, prefix, new_lo, dmask)
+        h = _count(zero, bucket, ok, words, p, SHARED_HIST, NB)
+        for c in range(TILE, n, TILE):
+            bucket, ok = _digit(_load_keys(row, c, offs, n), himask, prefix, new_lo, dmask)
+            h = _count(h, bucket, ok, words, p, SHARED_HIST, NB)
+        h = _counted(h, words, p, SHARED_HIST, NB)
+        p += 1
         prefix, himask, k_rem, busy = _refine(h, bins, k_rem, prefix, himask, new_lo, dmask)
         lo = new_lo
-        p += 1
     sel, slot, eq_seen, taken = _emit(key0, himask, prefix, k_rem, 0, 0)
     _store(out, aux, row, sel, slot, offs, start, STAGE)
     for c in range(TILE, n, TILE):
@@ -482,9 +498,19 @@ def _topk_args(launch: TopkLaunch, B, width, k, page_size, guard):
         raise ValueError(f"histogram must be 'ballot' or 'shared', got {launch.histogram!r}")
     opts = dict(RADIX=launch.radix, OUT_BLOCK=min(OUT_BLOCK, next_power_of_2(k)), ANCHOR=launch.anchor,
                 PAGE=page_size, num_warps=launch.num_warps,
-                REBASE=launch.rebase, SHARED_HIST=launch.histogram == "shared" and not is_interpret())
+                REBASE=launch.rebase)
     merge_tile = min(launch.tile, next_power_of_2(S * k))
     fused = launch.merge == "fused"
-    return (S, dict(opts, TILE=launch.tile, STAGE=0, GUARD=guard),
-            dict(opts, TILE=launch.tile // S, STAGE=3 if fused else 1, GUARD=guard, MERGE_TILE=merge_tile),
-            dict(opts, TILE=merge_tile, STAGE=2))
+    shared = lambda *tiles: counts_in_shared(launch, tiles, is_interpret())  # noqa: E731
+    return (S, dict(opts, TILE=launch.tile, STAGE=0, GUARD=guard, SHARED_HIST=shared(launch.tile)),
+            dict(opts, TILE=launch.tile // S, STAGE=3 if fused else 1, GUARD=guard, MERGE_TILE=merge_tile,
+                 SHARED_HIST=shared(launch.tile // S, merge_tile)),
+            dict(opts, TILE=merge_tile, STAGE=2, SHARED_HIST=shared(merge_tile)))
+
+
+def counts_in_shared(launch: TopkLaunch, tiles, interpret: bool) -> bool:
+    """Whether a launch of ``launch`` whose programs hold these tiles counts in shared memory:
+    histogram "shared", on a GPU (the interpreter cannot run inline PTX), and every tile at least
+    one key a thread (a smaller tile is held twice over the program's threads, and each copy's
+    atomic would count; such a launch counts by ballots)."""
+    return launch.histogram == "shared" and not interpret and min(tiles) >= 32 * launch.num_warps

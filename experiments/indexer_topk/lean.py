@@ -31,9 +31,10 @@ H = 64
 LAUNCHES = {"anchor 11 rebase": replace(TOPK, anchor=11, rebase=True),
             "shared": replace(TOPK, histogram="shared"),
             "shared 16 warps": replace(TOPK, histogram="shared", num_warps=16),
-            "shared anchor 0": replace(TOPK, histogram="shared", anchor=0),
-            "shared anchor 12": replace(TOPK, histogram="shared", anchor=12),
-            "shared radix 6": replace(TOPK, histogram="shared", radix=6)}
+            "shared 16 warps radix 6": replace(TOPK, histogram="shared", num_warps=16, radix=6),
+            "shared 16 warps radix 7": replace(TOPK, histogram="shared", num_warps=16, radix=7),
+            "shared 16 warps radix 8": replace(TOPK, histogram="shared", num_warps=16, radix=8),
+            "shared 16 warps anchor 12": replace(TOPK, histogram="shared", num_warps=16, anchor=12)}
 
 
 def logits_of(B, live, L, seed):
