@@ -91,10 +91,11 @@ class TopkLaunch:
     positions it loads past seq_len are never used). ``merge``
     (S > 1): "fused", the row's last chunk program to finish does that in the chunk launch (one
     launch in all); "launch", a second launch of B programs does it. ``rebase``: after a miss of
-    pass 0, anchor its buckets again at the smallest key. ``histogram``: how the refining passes
-    count ("ballot": ``tl.histogram``; "shared": shared-memory atomics by inline PTX, one per
-    distinct digit of a warp's matching keys, so a pass costs its matching keys rather than the
-    tile; a GPU only, the interpreter runs "ballot")."""
+    pass 0, anchor its buckets again at the smallest key. ``histogram``: how the passes count
+    ("ballot": ``tl.histogram``, ~45 instructions a key whether it still matches or not; "shared":
+    shared-memory atomics by inline PTX, one per distinct bucket of a warp's matching keys, ~10
+    instructions a key; a GPU only: the interpreter, and launches whose tiles are smaller than
+    their programs' threads, count by ballots, ``counts_in_shared``)."""
     tile: int = 8192
     radix: int = 5
     num_warps: int = 8
