@@ -266,13 +266,13 @@ def _live(x, n):
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("tile,split,merge", [(8192, None, "fused"), (1024, 1, "fused"), (256, 2, "fused"),
                                               (1024, 4, "fused"), (2048, 8, "launch")])
-@pytest.mark.parametrize("histogram", ["ballot", "shared"])
-def test_topk_on_hard_rows_and_replayed_on_new_data(tile, split, merge, histogram):
+@pytest.mark.parametrize("histogram,warps", [("ballot", 8), ("shared", 8), ("shared", 16)])
+def test_topk_on_hard_rows_and_replayed_on_new_data(tile, split, merge, histogram, warps):
     """The top-k's launches on the GPU on rows that miss either anchor, ties across chunk edges,
     chunks longer than their tile, empty and short rows: the contract at several k, bitwise over
     reruns, and one captured graph replayed on other rows and lengths."""
     from dsv4lab.kernels.topk import TopkLaunch, topk_triton
-    launch = TopkLaunch(tile=tile, split=split, merge=merge, histogram=histogram)
+    launch = TopkLaunch(tile=tile, split=split, merge=merge, histogram=histogram, num_warps=warps)
     x, n = _hard_rows(3000, 3)
     x, n = x.cuda(), n.cuda()
     for k in (1, 37, 512, 2999):

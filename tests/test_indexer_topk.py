@@ -457,7 +457,8 @@ def test_shared_histograms_only_where_every_key_has_one_thread():
     assert counts_in_shared(shared, (2048, 2048), interpret=False)
     assert not counts_in_shared(shared, (128, 2048), interpret=False)
     assert not counts_in_shared(shared, (2048,), interpret=True)
-    assert not counts_in_shared(TopkLaunch(), (8192,), interpret=False)
+    assert not counts_in_shared(TopkLaunch(histogram="ballot"), (8192,), interpret=False)
     assert counts_in_shared(TopkLaunch(histogram="shared", num_warps=16), (512,), interpret=False)
+    assert not counts_in_shared(TopkLaunch(), (256,), interpret=False)              # 16 warps: 512 threads
     with pytest.raises(ValueError, match="histogram must be 'ballot' or 'shared'"):
         _topk(torch.randn(2, 300), _lens(300, 200), 8, TopkLaunch(histogram="smem"))

@@ -80,7 +80,7 @@ class TopkLaunch:
     ``tile``: positions a program holds in registers at once (8192: the campaign's live length
     in one tile); ``radix``: key bits resolved per pass (5: 32 bins, the fewest Triton's
     histogram takes, one per lane of a warp; the cost per key of its ballot-based histogram grows
-    with the bins); ``num_warps``: per program (8 warps hold a tile of 8192 keys as 32 a thread);
+    with the bins); ``num_warps``: per program (16 warps hold a tile of 8192 keys as 16 a thread);
     ``anchor``: the key bits of pass 0's buckets (0: no pass 0, the radix starts at the top bit);
     ``split``: programs per row S (a power of two; None: ``split_for`` from the shapes; 1: the
     one-launch path). With S > 1 chunk s of a row of n live positions is [s*ceil(n/S), ...), each
@@ -98,12 +98,12 @@ class TopkLaunch:
     their programs' threads, count by ballots, ``counts_in_shared``)."""
     tile: int = 8192
     radix: int = 5
-    num_warps: int = 8
+    num_warps: int = 16
     anchor: int = 11
     split: int | None = None
     merge: str = "fused"
     rebase: bool = True
-    histogram: str = "ballot"
+    histogram: str = "shared"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -113,7 +113,9 @@ class TopkLaunch:
 #: the chunk launch (H200, B = 32, live 8192: 18.8 us, against 20.5 us with a merge launch and
 #: 22.6 us with S = 1; experiments/indexer_topk, run 8), pass 0 over eight octaves with a second
 #: anchor after a miss, each chunk's tile loaded beside seq_len (16.6-16.7 us; 18.3-18.7 for four
-#: octaves and no second anchor; experiments/indexer_topk, lean runs 3-6)
+#: octaves and no second anchor; experiments/indexer_topk, lean runs 3-6), every pass counted in
+#: shared memory by 16 warps (H100, lean run 10, refining passes only: 15.6 us against 17.1 with
+#: ballots and 8 warps in the same run)
 TOPK = TopkLaunch()
 #: output positions one store of the -1 padding covers
 OUT_BLOCK = 1024
