@@ -42,7 +42,10 @@ part + the tile), which is why copying the threshold's bucket out to refine or r
 measured slower (the copy is a scan over the tile), and why what paid was fewer misses on the
 slowest program: pass 0 over eight octaves instead of four (-1.6 us at B = 32, 8192 live), and
 where one still misses, the second anchor (-1.2 to -2.7 us at B = 8, 64, 128 and 5000 live;
-experiments/indexer_topk, lean runs).
+experiments/indexer_topk, lean runs). On a GPU the refining passes count in shared memory instead
+(``TopkLaunch.histogram``): after pass 0 only the keys of one bucket still match, and a ballot
+histogram pays for every key of the tile whether it matches or not, where atomics pay little for
+a key that does not (lean runs 10-11: -1.5 us at B = 32, -27% at 65536 live, on an H100).
 
 The contract (``reference.topk_positions`` is the same in float64):
 
@@ -91,11 +94,12 @@ class TopkLaunch:
     positions it loads past seq_len are never used). ``merge``
     (S > 1): "fused", the row's last chunk program to finish does that in the chunk launch (one
     launch in all); "launch", a second launch of B programs does it. ``rebase``: after a miss of
-    pass 0, anchor its buckets again at the smallest key. ``histogram``: how the passes count
-    ("ballot": ``tl.histogram``, ~45 instructions a key whether it still matches or not; "shared":
-    shared-memory atomics by inline PTX, one per distinct bucket of a warp's matching keys, ~10
-    instructions a key; a GPU only: the interpreter, and launches whose tiles are smaller than
-    their programs' threads, count by ballots, ``counts_in_shared``)."""
+    pass 0, anchor its buckets again at the smallest key. ``histogram``: how the refining passes
+    count ("ballot": ``tl.histogram``, ~45 instructions a key whether it still matches or not;
+    "shared": shared-memory atomics by inline PTX, one per distinct digit of a warp's matching
+    keys, ~10 instructions a key; a GPU only: the interpreter, and launches whose tiles are smaller
+    than their programs' threads, count by ballots, ``counts_in_shared``). Pass 0 counts by
+    ballots either way."""
     tile: int = 8192
     radix: int = 5
     num_warps: int = 16
@@ -113,9 +117,9 @@ class TopkLaunch:
 #: the chunk launch (H200, B = 32, live 8192: 18.8 us, against 20.5 us with a merge launch and
 #: 22.6 us with S = 1; experiments/indexer_topk, run 8), pass 0 over eight octaves with a second
 #: anchor after a miss, each chunk's tile loaded beside seq_len (16.6-16.7 us; 18.3-18.7 for four
-#: octaves and no second anchor; experiments/indexer_topk, lean runs 3-6), every pass counted in
-#: shared memory by 16 warps (H100, lean run 10, refining passes only: 15.6 us against 17.1 with
-#: ballots and 8 warps in the same run)
+#: octaves and no second anchor; experiments/indexer_topk, lean runs 3-6), the refining passes
+#: counted in shared memory by 16 warps (H100, lean run 10: 15.6 us against 17.1 with ballots and
+#: 8 warps in the same run; pass 0 in shared memory too was slower, lean run 11)
 TOPK = TopkLaunch()
 #: output positions one store of the -1 padding covers
 OUT_BLOCK = 1024
@@ -331,8 +335,8 @@ def _select(row, out, aux, n, key0, k, start, words, TILE: tl.constexpr, RADIX: 
             OUT_BLOCK: tl.constexpr, ANCHOR: tl.constexpr, STAGE: tl.constexpr, REBASE: tl.constexpr,
             SHARED_HIST: tl.constexpr):
     """The top-k of the n keys at ``row`` (``key0``: its first tile's keys), stored as ``STAGE``
-    says (_store), then the -1 (and, stage 1, -inf) padding of the k output slots. Pass p counts
-    (_count, _counted) by ballots, or (SHARED_HIST) in shared histogram p % 3 at ``words``."""
+    says (_store), then the -1 (and, stage 1, -inf) padding of the k output slots. Refining pass p
+    counts (_count, _counted) by ballots, or (SHARED_HIST) in shared histogram p % 3 at ``words``."""
     offs = tl.arange(0, TILE)
     NB: tl.constexpr = 1 << RADIX
     bins = tl.arange(0, NB)
@@ -340,7 +344,7 @@ def _select(row, out, aux, n, key0, k, start, words, TILE: tl.constexpr, RADIX: 
     if SHARED_HIST:
         _clear(words + tl.arange(0, 4 * NB) * 4)                       # (a fused merge's select reuses them)
         tl.debug_barrier()
-    p = 0                                  # passes counted so far
+    p = 0                                  # refining passes counted so far
     prefix = tl.zeros([], tl.uint32)       # the key bits fixed so far (bits below lo are 0)
     himask = tl.zeros([], tl.uint32)       # which bits those are
     lo = tl.full([], 32, tl.int32)         # bits lo..31 are fixed
@@ -352,13 +356,13 @@ def _select(row, out, aux, n, key0, k, start, words, TILE: tl.constexpr, RADIX: 
         for c in range(TILE, n, TILE):
             kmax = tl.maximum(kmax, tl.max(_load_keys(row, c, offs, n), 0))
         base = (kmax >> SH).to(tl.int32) - (NB - 1)
+        # pass 0 counts by ballots in either form: most keys share a few of its buckets, and its
+        # atomics measured slower (experiments/indexer_topk, lean run 11)
         bucket, ok = _anchored(key0, base, SH, NB)
-        h = _count(zero, bucket, ok, words, p, SHARED_HIST, NB)
+        h = _count(zero, bucket, ok, words, p, False, NB)
         for c in range(TILE, n, TILE):
             bucket, ok = _anchored(_load_keys(row, c, offs, n), base, SH, NB)
-            h = _count(h, bucket, ok, words, p, SHARED_HIST, NB)
-        h = _counted(h, words, p, SHARED_HIST, NB)
-        p += 1
+            h = _count(h, bucket, ok, words, p, False, NB)
         d, above, in_d, k_rem = _select_digit(h, bins, k_rem)
         hit = d > 0                        # the lowest bucket holds every lower prefix: a miss
         if REBASE:
@@ -372,12 +376,10 @@ def _select(row, out, aux, n, key0, k, start, words, TILE: tl.constexpr, RADIX: 
                     kmin = tl.minimum(kmin, tl.min(tl.where(kt != 0, kt, 0xFFFFFFFF), 0))
                 base = (kmin >> SH).to(tl.int32)
                 bucket, ok = _anchored(key0, base, SH, NB)
-                h = _count(zero, bucket, ok, words, p, SHARED_HIST, NB)
+                h = _count(zero, bucket, ok, words, p, False, NB)
                 for c in range(TILE, n, TILE):
                     bucket, ok = _anchored(_load_keys(row, c, offs, n), base, SH, NB)
-                    h = _count(h, bucket, ok, words, p, SHARED_HIST, NB)
-                h = _counted(h, words, p, SHARED_HIST, NB)
-                p += 1
+                    h = _count(h, bucket, ok, words, p, False, NB)
                 d, above, in_d, k_rem = _select_digit(h, bins, k_rem)
                 hit = d < NB - 1
         prefix = tl.where(hit, (base + d).to(tl.uint32) << SH, prefix)      # shifted unsigned: no overflow

@@ -28,9 +28,9 @@ from dsv4lab.testing import make_indexer_inputs, poisoned
 QUESTION = "indexer_topk"
 K = 512
 H = 64
-LAUNCHES = {"ballot, 8 warps (shipped to lean run 10)": replace(TOPK, histogram="ballot", num_warps=8),
+LAUNCHES = {"ballot, 8 warps (shipped before)": replace(TOPK, histogram="ballot", num_warps=8),
             "shared, 8 warps": replace(TOPK, histogram="shared", num_warps=8),
-            "shared, 16 warps (shipped since lean run 11)": replace(TOPK, histogram="shared", num_warps=16),
+            "shared, 16 warps (shipped)": replace(TOPK, histogram="shared", num_warps=16),
             "shared 16 warps radix 6": replace(TOPK, histogram="shared", num_warps=16, radix=6),
             "shared 16 warps radix 7": replace(TOPK, histogram="shared", num_warps=16, radix=7),
             "shared 16 warps radix 8": replace(TOPK, histogram="shared", num_warps=16, radix=8),
