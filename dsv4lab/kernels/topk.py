@@ -33,9 +33,9 @@ chunk 4-6 passes from the top bit (the same replay); the second anchor costs a m
 and one histogram, then the usual refining passes.
 A last pass writes the chosen positions. Each pass reads the row from registers when
 it fits in one tile of ``TILE`` positions, else streams the rest of it tile by tile (the first
-tile stays in registers). Every pass costs a histogram over the whole tile (Triton's is built
-from warp ballots, ~45 instructions a key at 32 bins, then the warps' counts meet in shared
-memory: two barriers) and a handful of scans and reductions over its 32 bins, which compile to
+tile stays in registers). Every pass costs a histogram over the whole tile (Triton's, pass 0's
+everywhere, is built from warp ballots, ~45 instructions a key at 32 bins, then the warps' counts
+meet in shared memory: two barriers) and a handful of scans and reductions over its 32 bins, which compile to
 warp shuffles (ptxas, sm_90). The GPU's clock inside the programs (H200, experiments/topk_clocks)
 prices a pass at ~0.8 us over 2048 keys and ~2.2 us over 8192: the time is passes x (a fixed
 part + the tile), which is why copying the threshold's bucket out to refine or rank it alone
@@ -43,9 +43,11 @@ measured slower (the copy is a scan over the tile), and why what paid was fewer 
 slowest program: pass 0 over eight octaves instead of four (-1.6 us at B = 32, 8192 live), and
 where one still misses, the second anchor (-1.2 to -2.7 us at B = 8, 64, 128 and 5000 live;
 experiments/indexer_topk, lean runs). On a GPU the refining passes count in shared memory instead
-(``TopkLaunch.histogram``): after pass 0 only the keys of one bucket still match, and a ballot
-histogram pays for every key of the tile whether it matches or not, where atomics pay little for
-a key that does not (lean runs 10-11: -1.5 us at B = 32, -27% at 65536 live, on an H100).
+(``TopkLaunch.histogram``; one barrier a pass; tiles smaller than a program's threads, such as
+a small merge tile, still count by ballots: ``counts_in_shared``): after pass 0 only the keys of
+one bucket still match, and a ballot histogram pays for every key of the tile whether it matches
+or not, where atomics pay little for a key that does not (lean run 10: -1.5 us at B = 32, -27% at
+65536 live, on an H100; run 11 found pass 0 itself slower in shared memory).
 
 The contract (``reference.topk_positions`` is the same in float64):
 
@@ -113,7 +115,7 @@ class TopkLaunch:
         return asdict(self)
 
 
-#: the shipped launch: tile 8192, 5-bit passes, 8 warps, split from ``split_for``, the merge fused into
+#: the shipped launch: tile 8192, 5-bit passes, split from ``split_for``, the merge fused into
 #: the chunk launch (H200, B = 32, live 8192: 18.8 us, against 20.5 us with a merge launch and
 #: 22.6 us with S = 1; experiments/indexer_topk, run 8), pass 0 over eight octaves with a second
 #: anchor after a miss, each chunk's tile loaded beside seq_len (16.6-16.7 us; 18.3-18.7 for four
