@@ -121,7 +121,8 @@ class TopkLaunch:
 #: anchor after a miss, each chunk's tile loaded beside seq_len (16.6-16.7 us; 18.3-18.7 for four
 #: octaves and no second anchor; experiments/indexer_topk, lean runs 3-6), the refining passes
 #: counted in shared memory by 16 warps (H100, lean run 10: 15.6 us against 17.1 with ballots and
-#: 8 warps in the same run; pass 0 in shared memory too was slower, lean run 11)
+#: 8 warps in the same run; pass 0 in shared memory too was slower, lean run 11; H200, run 15:
+#: 15.3 us, where run 13 timed the ballot launch at 16.8)
 TOPK = TopkLaunch()
 #: output positions one store of the -1 padding covers
 OUT_BLOCK = 1024
