@@ -34,18 +34,17 @@ and one histogram, then the usual refining passes.
 A last pass writes the chosen positions. Each pass reads the row from registers when
 it fits in one tile of ``TILE`` positions, else streams the rest of it tile by tile (the first
 tile stays in registers). Every pass costs a histogram over the whole tile (Triton's, pass 0's
-everywhere, is built from warp ballots, ~45 instructions a key at 32 bins, then the warps' counts
-meet in shared memory: two barriers) and a handful of scans and reductions over its 32 bins, which compile to
-warp shuffles (ptxas, sm_90). The GPU's clock inside the programs (H200, experiments/topk_clocks)
+everywhere, is built from warp ballots, ~45 instructions a key at 32 bins, then the warps'
+counts meet in shared memory: two barriers) and a handful of scans and reductions over its 32
+bins, which compile to warp shuffles (ptxas, sm_90). The GPU's clock inside the programs (H200, experiments/topk_clocks)
 prices a pass at ~0.8 us over 2048 keys and ~2.2 us over 8192: the time is passes x (a fixed
 part + the tile), which is why copying the threshold's bucket out to refine or rank it alone
 measured slower (the copy is a scan over the tile), and why what paid was fewer misses on the
 slowest program: pass 0 over eight octaves instead of four (-1.6 us at B = 32, 8192 live), and
 where one still misses, the second anchor (-1.2 to -2.7 us at B = 8, 64, 128 and 5000 live;
 experiments/indexer_topk, lean runs). On a GPU the refining passes count in shared memory instead
-(``TopkLaunch.histogram``; one barrier a pass; tiles smaller than a program's threads, such as
-a small merge tile, still count by ballots: ``counts_in_shared``): after pass 0 only the keys of
-one bucket still match, and a ballot histogram pays for every key of the tile whether it matches
+(``TopkLaunch.histogram`` says where ballots remain; one barrier a pass): after pass 0 only the
+keys of one bucket still match, and a ballot histogram pays for every key of the tile whether it matches
 or not, where atomics pay little for a key that does not (lean run 10: -1.5 us at B = 32, -27% at
 65536 live, on an H100; run 11 found pass 0 itself slower in shared memory).
 

@@ -1,9 +1,10 @@
 """Pass 0 over four, eight or sixteen octaves, with and without a second anchor after a miss
-(``TopkLaunch.anchor``, ``rebase``), and eight chunks a row: checks and times, one process. Written
-for run 3 of experiments/indexer_topk's "lean" runs; ``LAUNCHES`` now holds run 11's set (the shared
-histogram, 8 and 16 warps, radix 6-8, anchor 12, beside the ballot launch). Runs 1-2 (fewer reductions a pass, wider radix
-passes, the chunk's early load and candidate values from registers as options) and run 4 (the
-merge's positions loaded early) ran variants at commits the README names (the code of runs 1 and 4 did not survive).
+(``TopkLaunch.anchor``, ``rebase``), and eight chunks a row: checks and times, one process.
+Written for run 3 of experiments/indexer_topk's "lean" runs; ``LAUNCHES`` now holds run 11's set
+(the shared histogram, 8 and 16 warps, radix 6-8, anchor 12, beside the ballot launch). Runs 1-2
+(fewer reductions a pass, wider radix passes, the chunk's early load and candidate values from
+registers as options) and run 4 (the merge's positions loaded early) ran variants at commits the
+README names (the code of runs 1 and 4 did not survive).
 
     python experiments/indexer_topk/lean.py OUT.json [--cpu-smoke]
 

@@ -53,8 +53,8 @@ QUESTION = "indexer_topk"
 K = 512
 H = 64
 #: the top-k launches timed: (split, warps, merge); split None is the shipped choice (topk.split_for),
-#: warps None the shipped ``TOPK.num_warps``; the merge as its own launch first (the baseline), then fused (the
-#: shipped merge). Runs 5-7 also timed the bucket's compaction (commit 4684d48504ee).
+#: warps None the shipped ``TOPK.num_warps``; the merge as its own launch first (the baseline),
+#: then fused (the shipped merge). Runs 5-7 also timed the bucket's compaction (commit 4684d48504ee).
 SPLITS = [(None, None, "launch"), (1, None, "launch"), (2, None, "launch"), (4, None, "launch"), (8, None, "launch"),
           (4, 4, "launch"), (4, 32, "launch"), (None, None, "fused"), (2, None, "fused"), (8, None, "fused")]
 #: the logits launches timed: the shipped one (run 1's pick) and run 1's default
