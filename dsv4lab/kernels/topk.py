@@ -109,6 +109,7 @@ class TopkLaunch:
     merge: str = "fused"
     rebase: bool = True
     histogram: str = "shared"
+    lean: int = 31
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -253,16 +254,47 @@ def _emit(key, himask, prefix, k_rem, eq_seen, taken):
 
 
 @triton.jit
-def _store(out, aux, row, sel, slot, pos, start, STAGE: tl.constexpr):
+def _emit_tile(key, himask, prefix, k_rem, eq_seen, taken):
+    """_emit without the running counts: (sel, slot, the packed per-key counts)."""
+    top = key & himask
+    ok = key != 0
+    gt = (ok & (top > prefix)).to(tl.int32)
+    eq = (ok & (top == prefix)).to(tl.int32)
+    packed = (gt.to(tl.uint32) << 16) | eq.to(tl.uint32)
+    c = tl.cumsum(packed, 0)
+    gt_before = (c >> 16).to(tl.int32) - gt
+    eq_before = eq_seen + (c & 0xFFFF).to(tl.int32) - eq
+    sel = (gt != 0) | ((eq != 0) & (eq_before < k_rem))
+    slot = taken + gt_before + tl.minimum(eq_before, k_rem) - tl.minimum(eq_seen, k_rem)
+    return sel, slot, packed
+
+
+@triton.jit
+def _emit_counts(packed, k_rem, eq_seen, taken):
+    """_emit's running counts after one tile."""
+    tot = tl.sum(packed, 0)
+    n_gt = (tot >> 16).to(tl.int32)
+    n_eq = (tot & 0xFFFF).to(tl.int32)
+    return eq_seen + n_eq, taken + n_gt + tl.minimum(eq_seen + n_eq, k_rem) - tl.minimum(eq_seen, k_rem)
+
+
+@triton.jit
+def _store(out, aux, row, sel, slot, pos, start, STAGE: tl.constexpr, held=0, HELD: tl.constexpr = False):
     """Store one tile's chosen positions: stage 0 the positions; stage 1 the candidates (position
     start + pos in ``out``, its logit in ``aux``); stage 2 the positions the candidates stand for."""
     if STAGE == 0:
         tl.store(out + slot, pos, mask=sel)
     elif STAGE == 1:
         tl.store(out + slot, start + pos, mask=sel)
-        tl.store(aux + slot, tl.load(row + pos, mask=sel), mask=sel)
+        if HELD:
+            tl.store(aux + slot, held, mask=sel)
+        else:
+            tl.store(aux + slot, tl.load(row + pos, mask=sel), mask=sel)
     else:
-        tl.store(out + slot, tl.load(aux + pos, mask=sel), mask=sel)
+        if HELD:
+            tl.store(out + slot, held, mask=sel)
+        else:
+            tl.store(out + slot, tl.load(aux + pos, mask=sel), mask=sel)
 
 
 @triton.jit
@@ -270,7 +302,7 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, str
                  TILE: tl.constexpr, RADIX: tl.constexpr, OUT_BLOCK: tl.constexpr,
                  ANCHOR: tl.constexpr = 11, STAGE: tl.constexpr = 0, GUARD: tl.constexpr = False,
                  PAGE: tl.constexpr = 64, MERGE_TILE: tl.constexpr = 32, REBASE: tl.constexpr = True,
-                 SHARED_HIST: tl.constexpr = False):
+                 SHARED_HIST: tl.constexpr = False, LEAN: tl.constexpr = 0, SPLIT: tl.constexpr = 1):
     """STAGE 0: the top-k of row b's live prefix. STAGE 1 (grid (B, S)): the top-k of chunk s of
     it, written as k candidates (positions to OUT, logits to AUX: [B, S*k], chunk s at s*k, -1 /
     -inf padded). STAGE 2: the top-k of a row's S*k candidates (X), emitted as the positions AUX
@@ -316,7 +348,10 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, str
         key0 = tl.where(offs < n, key0, 0)
         tl.atomic_or(ERR, flags, mask=(flags != 0) & (s == 0))
     if STAGE == 3:
-        _select(row, out, aux, n, key0, k, start, words, TILE, RADIX, OUT_BLOCK, ANCHOR, 1, REBASE, SHARED_HIST)
+        p_end, kmax = _select(row, out, aux, n, key0, k, start, words, TILE, RADIX, OUT_BLOCK, ANCHOR, 1, REBASE,
+                              SHARED_HIST, LEAN, x0, (LEAN & 2) != 0)
+        if LEAN & 8:
+            tl.store(CNT + tl.num_programs(0) + b * SPLIT + s, kmax.to(tl.int32, bitcast=True))
         # every thread's candidate stores before the ticket's release (barrier + acq_rel atomic);
         # the last ticket resets the counter, so a CUDA graph replays from zero
         tl.debug_barrier()
@@ -325,17 +360,34 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, str
             tl.atomic_xchg(CNT + b, 0, sem="relaxed", scope="gpu")
             m = tl.num_programs(1) * k
             vals = AUX + b * stride_ob
-            mkey = _load_keys(vals, 0, tl.arange(0, MERGE_TILE), m)
-            _select(vals, FINAL + b * stride_fb, OUT + b * stride_ob, m, mkey, k, 0, words, MERGE_TILE, RADIX,
-                    OUT_BLOCK, ANCHOR, 2, REBASE, SHARED_HIST)
+            mo = tl.arange(0, MERGE_TILE)
+            mkey = _load_keys(vals, 0, mo, m)
+            mmax = tl.zeros([], tl.uint32)
+            if LEAN & 8:
+                mmax = tl.max(tl.load(CNT + tl.num_programs(0) + b * SPLIT + tl.arange(0, SPLIT)).to(tl.uint32, bitcast=True), 0)
+            p0 = 0
+            if LEAN & 16:
+                p0 = p_end
+            if LEAN & 4:
+                mpos = tl.load(OUT + b * stride_ob + mo, mask=mo < m, other=-1)
+                _select(vals, FINAL + b * stride_fb, OUT + b * stride_ob, m, mkey, k, 0, words, MERGE_TILE, RADIX,
+                        OUT_BLOCK, ANCHOR, 2, REBASE, SHARED_HIST, LEAN, mpos, True, p0, mmax, (LEAN & 16) != 0, (LEAN & 8) != 0)
+            else:
+                _select(vals, FINAL + b * stride_fb, OUT + b * stride_ob, m, mkey, k, 0, words, MERGE_TILE, RADIX,
+                        OUT_BLOCK, ANCHOR, 2, REBASE, SHARED_HIST, LEAN, 0, False, p0, mmax, (LEAN & 16) != 0, (LEAN & 8) != 0)
+    elif STAGE == 1:
+        _select(row, out, aux, n, key0, k, start, words, TILE, RADIX, OUT_BLOCK, ANCHOR, STAGE, REBASE, SHARED_HIST,
+                LEAN, x0, (LEAN & 2) != 0)
     else:
-        _select(row, out, aux, n, key0, k, start, words, TILE, RADIX, OUT_BLOCK, ANCHOR, STAGE, REBASE, SHARED_HIST)
+        _select(row, out, aux, n, key0, k, start, words, TILE, RADIX, OUT_BLOCK, ANCHOR, STAGE, REBASE, SHARED_HIST,
+                LEAN)
 
 
 @triton.jit
 def _select(row, out, aux, n, key0, k, start, words, TILE: tl.constexpr, RADIX: tl.constexpr,
             OUT_BLOCK: tl.constexpr, ANCHOR: tl.constexpr, STAGE: tl.constexpr, REBASE: tl.constexpr,
-            SHARED_HIST: tl.constexpr):
+            SHARED_HIST: tl.constexpr, LEAN: tl.constexpr = 0, held=0, HELD: tl.constexpr = False, p0=0, kmax_in=0,
+            CONT: tl.constexpr = False, KMAX_GIVEN: tl.constexpr = False):
     """The top-k of the n keys at ``row`` (``key0``: its first tile's keys), stored as ``STAGE``
     says (_store), then the -1 (and, stage 1, -inf) padding of the k output slots. Refining pass p
     counts (_count, _counted) by ballots, or (SHARED_HIST) in shared histogram p % 3 at ``words``."""
@@ -343,20 +395,25 @@ def _select(row, out, aux, n, key0, k, start, words, TILE: tl.constexpr, RADIX: 
     NB: tl.constexpr = 1 << RADIX
     bins = tl.arange(0, NB)
     zero = tl.zeros([NB], tl.int32)
-    if SHARED_HIST:
+    if SHARED_HIST and not CONT:
         _clear(words + tl.arange(0, 4 * NB) * 4)                       # (a fused merge's select reuses them)
         tl.debug_barrier()
-    p = 0                                  # refining passes counted so far
+    p = p0                                 # refining passes counted so far
     prefix = tl.zeros([], tl.uint32)       # the key bits fixed so far (bits below lo are 0)
     himask = tl.zeros([], tl.uint32)       # which bits those are
     lo = tl.full([], 32, tl.int32)         # bits lo..31 are fixed
     k_rem = k                              # how many keys equal to the prefix are still wanted
+    k_all = k                              # how many are chosen in all: k capped at the valid keys
     busy = lo > 0
+    kmax = tl.zeros([], tl.uint32)
     if ANCHOR > 0:
         SH: tl.constexpr = 32 - ANCHOR
-        kmax = tl.max(key0, 0)
-        for c in range(TILE, n, TILE):
-            kmax = tl.maximum(kmax, tl.max(_load_keys(row, c, offs, n), 0))
+        if KMAX_GIVEN:
+            kmax = kmax_in
+        else:
+            kmax = tl.max(key0, 0)
+            for c in range(TILE, n, TILE):
+                kmax = tl.maximum(kmax, tl.max(_load_keys(row, c, offs, n), 0))
         base = (kmax >> SH).to(tl.int32) - (NB - 1)
         # pass 0 counts by ballots in either form: most keys share a few of its buckets, and its
         # atomics measured slower (experiments/indexer_topk, lean run 11)
@@ -366,6 +423,7 @@ def _select(row, out, aux, n, key0, k, start, words, TILE: tl.constexpr, RADIX: 
             bucket, ok = _anchored(_load_keys(row, c, offs, n), base, SH, NB)
             h = _count(h, bucket, ok, words, p, False, NB)
         d, above, in_d, k_rem = _select_digit(h, bins, k_rem)
+        k_all = k_rem
         hit = d > 0                        # the lowest bucket holds every lower prefix: a miss
         if REBASE:
             if d == 0:
@@ -398,20 +456,33 @@ def _select(row, out, aux, n, key0, k, start, words, TILE: tl.constexpr, RADIX: 
             bucket, ok = _digit(_load_keys(row, c, offs, n), himask, prefix, new_lo, dmask)
             h = _count(h, bucket, ok, words, p, SHARED_HIST, NB)
         h = _counted(h, words, p, SHARED_HIST, NB)
+        if ANCHOR == 0:
+            k_all = tl.where(p == 0, tl.minimum(k_all, tl.sum(h, 0)), k_all)
         p += 1
         prefix, himask, k_rem, busy = _refine(h, bins, k_rem, prefix, himask, new_lo, dmask)
         lo = new_lo
-    sel, slot, eq_seen, taken = _emit(key0, himask, prefix, k_rem, 0, 0)
-    _store(out, aux, row, sel, slot, offs, start, STAGE)
-    for c in range(TILE, n, TILE):
-        sel, slot, eq_seen, taken = _emit(_load_keys(row, c, offs, n), himask, prefix, k_rem, eq_seen, taken)
-        _store(out, aux, row, sel, slot, c + offs, start, STAGE)
+    if LEAN & 1:
+        # the running counts only for a row longer than one tile (a block-wide reduction less)
+        sel, slot, packed = _emit_tile(key0, himask, prefix, k_rem, 0, 0)
+        _store(out, aux, row, sel, slot, offs, start, STAGE, held, HELD)
+        if n > TILE:
+            eq_seen, taken = _emit_counts(packed, k_rem, 0, 0)
+            for c in range(TILE, n, TILE):
+                sel, slot, eq_seen, taken = _emit(_load_keys(row, c, offs, n), himask, prefix, k_rem, eq_seen, taken)
+                _store(out, aux, row, sel, slot, c + offs, start, STAGE)
+    else:
+        sel, slot, eq_seen, taken = _emit(key0, himask, prefix, k_rem, 0, 0)
+        _store(out, aux, row, sel, slot, offs, start, STAGE, held, HELD)
+        for c in range(TILE, n, TILE):
+            sel, slot, eq_seen, taken = _emit(_load_keys(row, c, offs, n), himask, prefix, k_rem, eq_seen, taken)
+            _store(out, aux, row, sel, slot, c + offs, start, STAGE)
     o = tl.arange(0, OUT_BLOCK)
     for c in range(0, k, OUT_BLOCK):
-        pad = (c + o >= taken) & (c + o < k)
+        pad = (c + o >= k_all) & (c + o < k)
         tl.store(out + c + o, tl.full([OUT_BLOCK], -1, tl.int32), mask=pad)
         if STAGE == 1:
             tl.store(aux + c + o, tl.full([OUT_BLOCK], float("-inf"), tl.float32), mask=pad)
+    return p, kmax
 
 
 def split_for(B: int, width: int, k: int, sm_count: int, tile: int = 8192, most: int = 4) -> int:
@@ -477,7 +548,7 @@ def select(logits, seq_lens, k: int, launch: TopkLaunch, pages=None) -> torch.Te
     # answer's rows are k wide (alloc): strides from the shapes, not stride() calls on every call
     if launch.merge == "fused":
         # the rows' ticket counters: zero when made, and back to zero after every launch
-        count = common.reused("topk.count", (B,), torch.int32, logits.device, poison=False, zeroed=True)
+        count = common.reused("topk.count", (B + B * S,), torch.int32, logits.device, poison=False, zeroed=True)
         launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err, out, count),
                       (width, k, logits.stride(0), S * k, k, num_pages, pt_stride), chunks)
         return out
@@ -505,12 +576,12 @@ def _topk_args(launch: TopkLaunch, B, width, k, page_size, guard):
         raise ValueError(f"histogram must be 'ballot' or 'shared', got {launch.histogram!r}")
     opts = dict(RADIX=launch.radix, OUT_BLOCK=min(OUT_BLOCK, next_power_of_2(k)), ANCHOR=launch.anchor,
                 PAGE=page_size, num_warps=launch.num_warps,
-                REBASE=launch.rebase)
+                REBASE=launch.rebase, LEAN=launch.lean)
     merge_tile = min(launch.tile, next_power_of_2(S * k))
     fused = launch.merge == "fused"
     shared = lambda *tiles: counts_in_shared(launch, tiles, is_interpret())  # noqa: E731
     return (S, dict(opts, TILE=launch.tile, STAGE=0, GUARD=guard, SHARED_HIST=shared(launch.tile)),
-            dict(opts, TILE=launch.tile // S, STAGE=3 if fused else 1, GUARD=guard, MERGE_TILE=merge_tile,
+            dict(opts, TILE=launch.tile // S, STAGE=3 if fused else 1, GUARD=guard, MERGE_TILE=merge_tile, SPLIT=S,
                  SHARED_HIST=shared(launch.tile // S, merge_tile)),
             dict(opts, TILE=merge_tile, STAGE=2, SHARED_HIST=shared(merge_tile)))
 

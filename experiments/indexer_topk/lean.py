@@ -30,13 +30,11 @@ from dsv4lab.testing import make_indexer_inputs, poisoned
 QUESTION = "indexer_topk"
 K = 512
 H = 64
-LAUNCHES = {"ballot, 8 warps (shipped before)": replace(TOPK, histogram="ballot", num_warps=8),
-            "shared, 8 warps": replace(TOPK, histogram="shared", num_warps=8),
-            "shared, 16 warps (shipped)": replace(TOPK, histogram="shared", num_warps=16),
-            "shared 16 warps radix 6": replace(TOPK, histogram="shared", num_warps=16, radix=6),
-            "shared 16 warps radix 7": replace(TOPK, histogram="shared", num_warps=16, radix=7),
-            "shared 16 warps radix 8": replace(TOPK, histogram="shared", num_warps=16, radix=8),
-            "shared 16 warps anchor 12": replace(TOPK, histogram="shared", num_warps=16, anchor=12)}
+LAUNCHES = {"run 15's kernel": replace(TOPK, lean=0),
+            "lazy totals, values held, positions held": replace(TOPK, lean=7),
+            "the same, merge max from the chunks": replace(TOPK, lean=15),
+            "the same, merge histograms continued": replace(TOPK, lean=23),
+            "all five": replace(TOPK, lean=31)}
 
 
 def logits_of(B, live, L, seed):
