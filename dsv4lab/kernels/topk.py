@@ -109,7 +109,6 @@ class TopkLaunch:
     merge: str = "fused"
     rebase: bool = True
     histogram: str = "shared"
-    lean: int = 31
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -232,11 +231,28 @@ def _load_keys(row, c, offs, n):
 
 
 @triton.jit
+def _load_tile(row, aux, c, offs, n, STAGE: tl.constexpr):
+    """Tile c of a row: its keys, and what its chosen keys store besides their slots (_store): stage 1
+    the logits themselves, stage 2 the positions the candidates stand for (from ``aux``)."""
+    pos = c + offs
+    x = tl.load(row + pos, mask=pos < n, other=float("-inf"))
+    key = order_keys(x, pos < n)
+    if STAGE == 1:
+        held = x
+    elif STAGE == 2:
+        held = tl.load(aux + pos, mask=pos < n, other=-1)
+    else:
+        held = pos
+    return key, held
+
+
+@triton.jit
 def _emit(key, himask, prefix, k_rem, eq_seen, taken):
-    """Which keys of one tile are chosen and their output slots, and the running counts (keys
-    equal to the threshold seen so far, positions stored so far). One scan for both counts: keys
-    above the threshold in the high 16 bits, keys at it in the low 16 of a uint32 (a tile holds at
-    most 2^15 keys: a tile all above the threshold fills bit 31, which an int32 would sign)."""
+    """Which keys of one tile are chosen, their output slots, and the keys' counts packed for
+    _tally. One scan for both counts: keys above the threshold in the high 16 bits, keys at it in
+    the low 16 of a uint32 (a tile holds at most 2^15 keys: a tile all above the threshold fills bit
+    31, which an int32 would sign). ``eq_seen``, ``taken``: keys equal to the threshold seen and
+    positions stored in the row's tiles before this one."""
     top = key & himask
     ok = key != 0
     gt = (ok & (top > prefix)).to(tl.int32)
@@ -247,31 +263,13 @@ def _emit(key, himask, prefix, k_rem, eq_seen, taken):
     eq_before = eq_seen + (c & 0xFFFF).to(tl.int32) - eq             # in the row, exclusive
     sel = (gt != 0) | ((eq != 0) & (eq_before < k_rem))              # ties: the lower positions first
     slot = taken + gt_before + tl.minimum(eq_before, k_rem) - tl.minimum(eq_seen, k_rem)
-    tot = tl.sum(packed, 0)                                          # both counts in one reduction
-    n_gt = (tot >> 16).to(tl.int32)
-    n_eq = (tot & 0xFFFF).to(tl.int32)
-    return sel, slot, eq_seen + n_eq, taken + n_gt + tl.minimum(eq_seen + n_eq, k_rem) - tl.minimum(eq_seen, k_rem)
-
-
-@triton.jit
-def _emit_tile(key, himask, prefix, k_rem, eq_seen, taken):
-    """_emit without the running counts: (sel, slot, the packed per-key counts)."""
-    top = key & himask
-    ok = key != 0
-    gt = (ok & (top > prefix)).to(tl.int32)
-    eq = (ok & (top == prefix)).to(tl.int32)
-    packed = (gt.to(tl.uint32) << 16) | eq.to(tl.uint32)
-    c = tl.cumsum(packed, 0)
-    gt_before = (c >> 16).to(tl.int32) - gt
-    eq_before = eq_seen + (c & 0xFFFF).to(tl.int32) - eq
-    sel = (gt != 0) | ((eq != 0) & (eq_before < k_rem))
-    slot = taken + gt_before + tl.minimum(eq_before, k_rem) - tl.minimum(eq_seen, k_rem)
     return sel, slot, packed
 
 
 @triton.jit
-def _emit_counts(packed, k_rem, eq_seen, taken):
-    """_emit's running counts after one tile."""
+def _tally(packed, k_rem, eq_seen, taken):
+    """The running counts (eq_seen, taken) after a tile _emit packed: both in one reduction, which
+    only a row of more than one tile pays."""
     tot = tl.sum(packed, 0)
     n_gt = (tot >> 16).to(tl.int32)
     n_eq = (tot & 0xFFFF).to(tl.int32)
@@ -279,40 +277,35 @@ def _emit_counts(packed, k_rem, eq_seen, taken):
 
 
 @triton.jit
-def _store(out, aux, row, sel, slot, pos, start, STAGE: tl.constexpr, held=0, HELD: tl.constexpr = False):
-    """Store one tile's chosen positions: stage 0 the positions; stage 1 the candidates (position
-    start + pos in ``out``, its logit in ``aux``); stage 2 the positions the candidates stand for."""
+def _store(out, aux, sel, slot, pos, start, held, STAGE: tl.constexpr):
+    """Store one tile's chosen keys (``held``: from _load_tile): stage 0 their positions; stage 1 the
+    candidates (position start + pos in ``out``, its logit in ``aux``); stage 2 the positions the
+    candidates stand for. Nothing is loaded again: a load here would wait a round trip to L2."""
     if STAGE == 0:
         tl.store(out + slot, pos, mask=sel)
     elif STAGE == 1:
         tl.store(out + slot, start + pos, mask=sel)
-        if HELD:
-            tl.store(aux + slot, held, mask=sel)
-        else:
-            tl.store(aux + slot, tl.load(row + pos, mask=sel), mask=sel)
+        tl.store(aux + slot, held, mask=sel)
     else:
-        if HELD:
-            tl.store(out + slot, held, mask=sel)
-        else:
-            tl.store(out + slot, tl.load(aux + pos, mask=sel), mask=sel)
+        tl.store(out + slot, held, mask=sel)
 
 
 @triton.jit
-def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, stride_ob, stride_fb, num_pages, stride_pb,
-                 TILE: tl.constexpr, RADIX: tl.constexpr, OUT_BLOCK: tl.constexpr,
+def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, MAXK, width, k, stride_xb, stride_ob, stride_fb, num_pages,
+                 stride_pb, TILE: tl.constexpr, RADIX: tl.constexpr, OUT_BLOCK: tl.constexpr,
                  ANCHOR: tl.constexpr = 11, STAGE: tl.constexpr = 0, GUARD: tl.constexpr = False,
                  PAGE: tl.constexpr = 64, MERGE_TILE: tl.constexpr = 32, REBASE: tl.constexpr = True,
-                 SHARED_HIST: tl.constexpr = False, LEAN: tl.constexpr = 0, SPLIT: tl.constexpr = 1):
+                 SHARED_HIST: tl.constexpr = False, SPLIT: tl.constexpr = 1):
     """STAGE 0: the top-k of row b's live prefix. STAGE 1 (grid (B, S)): the top-k of chunk s of
     it, written as k candidates (positions to OUT, logits to AUX: [B, S*k], chunk s at s*k, -1 /
     -inf padded). STAGE 2: the top-k of a row's S*k candidates (X), emitted as the positions AUX
-    holds for them. STAGE 3: stage 1, then the row's last chunk to finish (a ticket from the row's
-    counter CNT[b]) runs stage 2 on the row's candidates into FINAL, in tiles of MERGE_TILE.
+    holds for them. STAGE 3 (S = SPLIT): stage 1, then the row's last chunk to finish (a ticket from
+    the row's counter CNT[b]) runs stage 2 on the row's candidates into FINAL, in tiles of
+    MERGE_TILE, anchored at the largest of the chunks' largest keys (MAXK [B, S]).
     GUARD (stages 0, 1, 3): seq_lens[b] is checked and cut as the indexer's contract says
     (common.live_length) and flagged in the error word ERR. SHARED_HIST: the refining passes count
     by shared-memory atomics (``TopkLaunch.histogram``)."""
     b = tl.program_id(0).to(tl.int64)
-    words = _hist_words() if SHARED_HIST else 0
     s = tl.program_id(1)
     offs = tl.arange(0, TILE)
     start = 0
@@ -339,19 +332,25 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, str
     out = OUT + b * stride_ob + s * k
     if STAGE % 2 == 1:
         key0 = order_keys(x0, offs < n)
+        held0 = x0
     else:
-        key0 = _load_keys(row, 0, offs, n)                             # the first tile stays in registers
+        key0, held0 = _load_tile(row, aux, 0, offs, n, STAGE)          # the first tile stays in registers
+    words = 0
+    if SHARED_HIST:
+        words = _hist_words()
+        _clear(words + tl.arange(0, 4 * (1 << RADIX)) * 4)            # every pass of the program counts from here
+        tl.debug_barrier()
     if GUARD:
         # the cut needs the row's live page ids: the first tile's load does not wait for it
         cut, flags = live_length(SEQ, PT, b, width, num_pages, stride_pb, PAGE, 1024)
         n = tl.maximum(tl.minimum(n, cut - start), 0)
         key0 = tl.where(offs < n, key0, 0)
         tl.atomic_or(ERR, flags, mask=(flags != 0) & (s == 0))
+    SEL: tl.constexpr = 1 if STAGE == 3 else STAGE                    # what _select stores: stage 3's chunks, stage 1's
+    p, kmax = _select(row, out, aux, n, key0, held0, k, start, words, tl.zeros([], tl.int32), tl.zeros([], tl.uint32),
+                      TILE, RADIX, OUT_BLOCK, ANCHOR, SEL, REBASE, SHARED_HIST, False)
     if STAGE == 3:
-        p_end, kmax = _select(row, out, aux, n, key0, k, start, words, TILE, RADIX, OUT_BLOCK, ANCHOR, 1, REBASE,
-                              SHARED_HIST, LEAN, x0, (LEAN & 2) != 0)
-        if LEAN & 8:
-            tl.store(CNT + tl.num_programs(0) + b * SPLIT + s, kmax.to(tl.int32, bitcast=True))
+        tl.store(MAXK + b * SPLIT + s, kmax.to(tl.int32, bitcast=True))
         # every thread's candidate stores before the ticket's release (barrier + acq_rel atomic);
         # the last ticket resets the counter, so a CUDA graph replays from zero
         tl.debug_barrier()
@@ -359,58 +358,37 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, width, k, stride_xb, str
         if ticket == tl.num_programs(1) - 1:
             tl.atomic_xchg(CNT + b, 0, sem="relaxed", scope="gpu")
             m = tl.num_programs(1) * k
-            vals = AUX + b * stride_ob
             mo = tl.arange(0, MERGE_TILE)
-            mkey = _load_keys(vals, 0, mo, m)
-            mmax = tl.zeros([], tl.uint32)
-            if LEAN & 8:
-                mmax = tl.max(tl.load(CNT + tl.num_programs(0) + b * SPLIT + tl.arange(0, SPLIT)).to(tl.uint32, bitcast=True), 0)
-            p0 = 0
-            if LEAN & 16:
-                p0 = p_end
-            if LEAN & 4:
-                mpos = tl.load(OUT + b * stride_ob + mo, mask=mo < m, other=-1)
-                _select(vals, FINAL + b * stride_fb, OUT + b * stride_ob, m, mkey, k, 0, words, MERGE_TILE, RADIX,
-                        OUT_BLOCK, ANCHOR, 2, REBASE, SHARED_HIST, LEAN, mpos, True, p0, mmax, (LEAN & 16) != 0, (LEAN & 8) != 0)
-            else:
-                _select(vals, FINAL + b * stride_fb, OUT + b * stride_ob, m, mkey, k, 0, words, MERGE_TILE, RADIX,
-                        OUT_BLOCK, ANCHOR, 2, REBASE, SHARED_HIST, LEAN, 0, False, p0, mmax, (LEAN & 16) != 0, (LEAN & 8) != 0)
-    elif STAGE == 1:
-        _select(row, out, aux, n, key0, k, start, words, TILE, RADIX, OUT_BLOCK, ANCHOR, STAGE, REBASE, SHARED_HIST,
-                LEAN, x0, (LEAN & 2) != 0)
-    else:
-        _select(row, out, aux, n, key0, k, start, words, TILE, RADIX, OUT_BLOCK, ANCHOR, STAGE, REBASE, SHARED_HIST,
-                LEAN)
+            mkey, mheld = _load_tile(AUX + b * stride_ob, OUT + b * stride_ob, 0, mo, m, 2)
+            # the candidates' largest key is the largest chunk's: no reduction over the candidates
+            mmax = tl.max(tl.load(MAXK + b * SPLIT + tl.arange(0, SPLIT)).to(tl.uint32, bitcast=True), 0)
+            # the passes go on counting in the chunk's histograms (_counted's rotation): none to clear
+            _select(AUX + b * stride_ob, FINAL + b * stride_fb, OUT + b * stride_ob, m, mkey, mheld, k, 0, words, p,
+                    mmax, MERGE_TILE, RADIX, OUT_BLOCK, ANCHOR, 2, REBASE, SHARED_HIST, True)
 
 
 @triton.jit
-def _select(row, out, aux, n, key0, k, start, words, TILE: tl.constexpr, RADIX: tl.constexpr,
+def _select(row, out, aux, n, key0, held0, k, start, words, p, kmax, TILE: tl.constexpr, RADIX: tl.constexpr,
             OUT_BLOCK: tl.constexpr, ANCHOR: tl.constexpr, STAGE: tl.constexpr, REBASE: tl.constexpr,
-            SHARED_HIST: tl.constexpr, LEAN: tl.constexpr = 0, held=0, HELD: tl.constexpr = False, p0=0, kmax_in=0,
-            CONT: tl.constexpr = False, KMAX_GIVEN: tl.constexpr = False):
-    """The top-k of the n keys at ``row`` (``key0``: its first tile's keys), stored as ``STAGE``
-    says (_store), then the -1 (and, stage 1, -inf) padding of the k output slots. Refining pass p
-    counts (_count, _counted) by ballots, or (SHARED_HIST) in shared histogram p % 3 at ``words``."""
+            SHARED_HIST: tl.constexpr, KMAX_GIVEN: tl.constexpr):
+    """The top-k of the n keys at ``row`` (``key0``, ``held0``: its first tile, _load_tile), stored as
+    ``STAGE`` says (_store), then the -1 (and, stage 1, -inf) padding of the k output slots.
+    Refining pass p counts (_count, _counted) by ballots, or (SHARED_HIST) in shared histogram p % 3
+    at ``words``, from the ``p`` given. ``kmax`` (KMAX_GIVEN): the keys' largest, known already.
+    Returns the passes counted and the keys' largest (0 if ANCHOR is 0)."""
     offs = tl.arange(0, TILE)
     NB: tl.constexpr = 1 << RADIX
     bins = tl.arange(0, NB)
     zero = tl.zeros([NB], tl.int32)
-    if SHARED_HIST and not CONT:
-        _clear(words + tl.arange(0, 4 * NB) * 4)                       # (a fused merge's select reuses them)
-        tl.debug_barrier()
-    p = p0                                 # refining passes counted so far
     prefix = tl.zeros([], tl.uint32)       # the key bits fixed so far (bits below lo are 0)
     himask = tl.zeros([], tl.uint32)       # which bits those are
     lo = tl.full([], 32, tl.int32)         # bits lo..31 are fixed
     k_rem = k                              # how many keys equal to the prefix are still wanted
     k_all = k                              # how many are chosen in all: k capped at the valid keys
     busy = lo > 0
-    kmax = tl.zeros([], tl.uint32)
     if ANCHOR > 0:
         SH: tl.constexpr = 32 - ANCHOR
-        if KMAX_GIVEN:
-            kmax = kmax_in
-        else:
+        if not KMAX_GIVEN:
             kmax = tl.max(key0, 0)
             for c in range(TILE, n, TILE):
                 kmax = tl.maximum(kmax, tl.max(_load_keys(row, c, offs, n), 0))
@@ -461,21 +439,15 @@ def _select(row, out, aux, n, key0, k, start, words, TILE: tl.constexpr, RADIX: 
         p += 1
         prefix, himask, k_rem, busy = _refine(h, bins, k_rem, prefix, himask, new_lo, dmask)
         lo = new_lo
-    if LEAN & 1:
-        # the running counts only for a row longer than one tile (a block-wide reduction less)
-        sel, slot, packed = _emit_tile(key0, himask, prefix, k_rem, 0, 0)
-        _store(out, aux, row, sel, slot, offs, start, STAGE, held, HELD)
-        if n > TILE:
-            eq_seen, taken = _emit_counts(packed, k_rem, 0, 0)
-            for c in range(TILE, n, TILE):
-                sel, slot, eq_seen, taken = _emit(_load_keys(row, c, offs, n), himask, prefix, k_rem, eq_seen, taken)
-                _store(out, aux, row, sel, slot, c + offs, start, STAGE)
-    else:
-        sel, slot, eq_seen, taken = _emit(key0, himask, prefix, k_rem, 0, 0)
-        _store(out, aux, row, sel, slot, offs, start, STAGE, held, HELD)
+    sel, slot, packed = _emit(key0, himask, prefix, k_rem, 0, 0)
+    _store(out, aux, sel, slot, offs, start, held0, STAGE)
+    if n > TILE:                           # the running counts, for the tiles after the first
+        eq_seen, taken = _tally(packed, k_rem, 0, 0)
         for c in range(TILE, n, TILE):
-            sel, slot, eq_seen, taken = _emit(_load_keys(row, c, offs, n), himask, prefix, k_rem, eq_seen, taken)
-            _store(out, aux, row, sel, slot, c + offs, start, STAGE)
+            key, held = _load_tile(row, aux, c, offs, n, STAGE)
+            sel, slot, packed = _emit(key, himask, prefix, k_rem, eq_seen, taken)
+            eq_seen, taken = _tally(packed, k_rem, eq_seen, taken)
+            _store(out, aux, sel, slot, c + offs, start, held, STAGE)
     o = tl.arange(0, OUT_BLOCK)
     for c in range(0, k, OUT_BLOCK):
         pad = (c + o >= k_all) & (c + o < k)
@@ -538,7 +510,7 @@ def select(logits, seq_lens, k: int, launch: TopkLaunch, pages=None) -> torch.Te
     err = errors.word(logits.device) if guard else seq_lens
     pt_stride = table.stride(0) if guard else 0
     if S == 1:
-        launch_kernel(_topk_kernel, (B, 1), (logits, seq_lens, out, out, table, err, out, seq_lens),
+        launch_kernel(_topk_kernel, (B, 1), (logits, seq_lens, out, out, table, err, out, seq_lens, seq_lens),
                       (width, k, logits.stride(0), k, 0, num_pages, pt_stride), single)
         return out
     # the chunks' candidates, kept per shape (common.reused)
@@ -547,14 +519,16 @@ def select(logits, seq_lens, k: int, launch: TopkLaunch, pages=None) -> torch.Te
     # OUT / AUX rows of the chunks are pos / val rows (S*k wide, made contiguous by reused), and the
     # answer's rows are k wide (alloc): strides from the shapes, not stride() calls on every call
     if launch.merge == "fused":
-        # the rows' ticket counters: zero when made, and back to zero after every launch
-        count = common.reused("topk.count", (B + B * S,), torch.int32, logits.device, poison=False, zeroed=True)
-        launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err, out, count),
+        # the rows' ticket counters: zero when made, and back to zero after every launch; each chunk's
+        # largest key (written before every read)
+        count = common.reused("topk.count", (B,), torch.int32, logits.device, poison=False, zeroed=True)
+        kmax = common.reused("topk.max", (B, S), torch.int32, logits.device)
+        launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err, out, count, kmax),
                       (width, k, logits.stride(0), S * k, k, num_pages, pt_stride), chunks)
         return out
-    launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err, out, seq_lens),
+    launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err, out, seq_lens, seq_lens),
                   (width, k, logits.stride(0), S * k, 0, num_pages, pt_stride), chunks)
-    launch_kernel(_topk_kernel, (B, 1), (val, seq_lens, out, pos, table, err, out, seq_lens),
+    launch_kernel(_topk_kernel, (B, 1), (val, seq_lens, out, pos, table, err, out, seq_lens, seq_lens),
                   (S * k, k, S * k, k, 0, num_pages, 0), merge)
     return out
 
@@ -576,7 +550,7 @@ def _topk_args(launch: TopkLaunch, B, width, k, page_size, guard):
         raise ValueError(f"histogram must be 'ballot' or 'shared', got {launch.histogram!r}")
     opts = dict(RADIX=launch.radix, OUT_BLOCK=min(OUT_BLOCK, next_power_of_2(k)), ANCHOR=launch.anchor,
                 PAGE=page_size, num_warps=launch.num_warps,
-                REBASE=launch.rebase, LEAN=launch.lean)
+                REBASE=launch.rebase)
     merge_tile = min(launch.tile, next_power_of_2(S * k))
     fused = launch.merge == "fused"
     shared = lambda *tiles: counts_in_shared(launch, tiles, is_interpret())  # noqa: E731

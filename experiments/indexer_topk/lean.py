@@ -1,10 +1,7 @@
-"""Pass 0 over four, eight or sixteen octaves, with and without a second anchor after a miss
-(``TopkLaunch.anchor``, ``rebase``), and eight chunks a row: checks and times, one process.
-Written for run 3 of experiments/indexer_topk's "lean" runs; ``LAUNCHES`` now holds run 11's set
-(the shared histogram, 8 and 16 warps, radix 6-8, anchor 12, beside the ballot launch). Runs 1-2
-(fewer reductions a pass, wider radix passes, the chunk's early load and candidate values from
-registers as options) and run 4 (the merge's positions loaded early) ran variants at commits the
-README names (the code of runs 1 and 4 did not survive).
+"""Top-k launches side by side: checks and times, one process. Written for run 3 of
+experiments/indexer_topk's "lean" runs; ``LAUNCHES`` now holds the shipped launch and its S = 2
+form. The README gives, for each lean run, its variants and the commit whose code it ran (runs
+12-13: the ``TopkLaunch.lean`` bits of commit 96e76d4, since shipped as one kernel).
 
     python experiments/indexer_topk/lean.py OUT.json [--cpu-smoke]
 
@@ -30,11 +27,8 @@ from dsv4lab.testing import make_indexer_inputs, poisoned
 QUESTION = "indexer_topk"
 K = 512
 H = 64
-LAUNCHES = {"run 15's kernel": replace(TOPK, lean=0),
-            "lazy totals, values held, positions held": replace(TOPK, lean=7),
-            "the same, merge max from the chunks": replace(TOPK, lean=15),
-            "the same, merge histograms continued": replace(TOPK, lean=23),
-            "all five": replace(TOPK, lean=31)}
+LAUNCHES = {"shipped": TOPK,
+            "shipped, S = 2": replace(TOPK, split=2)}
 
 
 def logits_of(B, live, L, seed):
