@@ -31,13 +31,20 @@ fixed): on the lab's random indexer inputs (8192 live, k = 512) a numpy replay o
 in all, against 4-5 without the anchor. A grid's time is its slowest program's, and a miss cost a
 chunk 4-6 passes from the top bit (the same replay); the second anchor costs a miss one reduction
 and one histogram, then the usual refining passes.
-A last pass writes the chosen positions. Each pass reads the row from registers when
+A last pass writes the chosen positions: one scan of the tile gives every chosen key its slot,
+and what it stores (its logit, or the position a candidate stands for) was loaded with its key, so
+nothing waits on a second trip to L2; the scan's totals, a block-wide reduction, are paid only by a
+row of more than one tile. The fused merge anchors its pass 0 at the largest of the chunks'
+largest keys (each chunk writes its own before its ticket), not at a reduction over its
+candidates, and its refining passes go on in the chunk's rotation of shared histograms. These
+changes together took 2-3% off the top-k at B = 32, 8192 live (H100, experiments/indexer_topk,
+lean runs 12-13). Each pass reads the row from registers when
 it fits in one tile of ``TILE`` positions, else streams the rest of it tile by tile (the first
 tile stays in registers). Every pass costs a histogram over the whole tile (Triton's, pass 0's
 everywhere, is built from warp ballots, ~45 instructions a key at 32 bins, then the warps'
 counts meet in shared memory: two barriers) and a handful of scans and reductions over its 32
-bins, which compile to warp shuffles (ptxas, sm_90). The GPU's clock inside the programs (H200, experiments/topk_clocks)
-prices a pass at ~0.8 us over 2048 keys and ~2.2 us over 8192: the time is passes x (a fixed
+bins, which compile to warp-level shuffles and ``redux`` (ptxas, sm_90). The GPU's clock inside
+the programs (H200, experiments/topk_clocks) prices a pass at ~0.8 us over 2048 keys and ~2.2 us over 8192: the time is passes x (a fixed
 part + the tile), which is why copying the threshold's bucket out to refine or rank it alone
 measured slower (the copy is a scan over the tile), and why what paid was fewer misses on the
 slowest program: pass 0 over eight octaves instead of four (-1.6 us at B = 32, 8192 live), and
@@ -121,7 +128,9 @@ class TopkLaunch:
 #: octaves and no second anchor; experiments/indexer_topk, lean runs 3-6), the refining passes
 #: counted in shared memory by 16 warps (H100, lean run 10: 15.6 us against 17.1 with ballots and
 #: 8 warps in the same run; pass 0 in shared memory too was slower, lean run 11; H200, run 15:
-#: 15.3 us, where run 13 timed the ballot launch at 16.8)
+#: 15.3 us, where run 13 timed the ballot launch at 16.8), no reloads in the emit and the merge
+#: anchored at the chunks' maxima (H100, lean run 13: 14.9-15.1 us against 15.3-15.5 for run 15's
+#: kernel in the same run; runs 17-18: 15.0 / 15.0-15.2 us at max 262208 / 1M)
 TOPK = TopkLaunch()
 #: output positions one store of the -1 padding covers
 OUT_BLOCK = 1024
@@ -346,7 +355,7 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, MAXK, width, k, stride_x
         n = tl.maximum(tl.minimum(n, cut - start), 0)
         key0 = tl.where(offs < n, key0, 0)
         tl.atomic_or(ERR, flags, mask=(flags != 0) & (s == 0))
-    SEL: tl.constexpr = 1 if STAGE == 3 else STAGE                    # what _select stores: stage 3's chunks, stage 1's
+    SEL: tl.constexpr = 1 if STAGE == 3 else STAGE                    # stage 3's chunks store as stage 1's
     p, kmax = _select(row, out, aux, n, key0, held0, k, start, words, tl.zeros([], tl.int32), tl.zeros([], tl.uint32),
                       TILE, RADIX, OUT_BLOCK, ANCHOR, SEL, REBASE, SHARED_HIST, False)
     if STAGE == 3:
