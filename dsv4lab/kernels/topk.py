@@ -31,29 +31,29 @@ fixed): on the lab's random indexer inputs (8192 live, k = 512) a numpy replay o
 in all, against 4-5 without the anchor. A grid's time is its slowest program's, and a miss cost a
 chunk 4-6 passes from the top bit (the same replay); the second anchor costs a miss one reduction
 and one histogram, then the usual refining passes.
-A last pass writes the chosen positions: one scan of the tile gives every chosen key its slot,
-and what it stores (its logit, or the position a candidate stands for) was loaded with its key, so
+A last pass writes the chosen positions: one scan of the tile gives every chosen key its slot, and
+what it stores (its logit, or the position a candidate stands for) was loaded with its key, so
 nothing waits on a second trip to L2; the scan's totals, a block-wide reduction, are paid only by a
-row of more than one tile. The fused merge anchors its pass 0 at the largest of the chunks'
-largest keys (each chunk writes its own before its ticket), not at a reduction over its
-candidates, and its refining passes go on in the chunk's rotation of shared histograms. These
-changes together took 2-3% off the top-k at B = 32, 8192 live (H100, experiments/indexer_topk,
-lean runs 12-13). Each pass reads the row from registers when
-it fits in one tile of ``TILE`` positions, else streams the rest of it tile by tile (the first
-tile stays in registers). Every pass costs a histogram over the whole tile (Triton's, pass 0's
-everywhere, is built from warp ballots, ~45 instructions a key at 32 bins, then the warps'
-counts meet in shared memory: two barriers) and a handful of scans and reductions over its 32
-bins, which compile to warp-level shuffles and ``redux`` (ptxas, sm_90). The GPU's clock inside
-the programs (H200, experiments/topk_clocks) prices a pass at ~0.8 us over 2048 keys and ~2.2 us over 8192: the time is passes x (a fixed
-part + the tile), which is why copying the threshold's bucket out to refine or rank it alone
-measured slower (the copy is a scan over the tile), and why what paid was fewer misses on the
-slowest program: pass 0 over eight octaves instead of four (-1.6 us at B = 32, 8192 live), and
-where one still misses, the second anchor (-1.2 to -2.7 us at B = 8, 64, 128 and 5000 live;
-experiments/indexer_topk, lean runs). On a GPU the refining passes count in shared memory instead
-(``TopkLaunch.histogram`` says where ballots remain; one barrier a pass): after pass 0 only the
-keys of one bucket still match, and a ballot histogram pays for every key of the tile whether it matches
-or not, where atomics pay little for a key that does not (lean run 10: -1.5 us at B = 32, -27% at
-65536 live, on an H100; run 11 found pass 0 itself slower in shared memory).
+row of more than one tile. The fused merge anchors its pass 0 at the largest of the chunks' largest
+keys (each chunk writes its own before its ticket), not at a reduction over its candidates, and its
+refining passes go on in the chunk's rotation of shared histograms. These changes together took 2-3%
+off the top-k at B = 32, 8192 live (H100, experiments/indexer_topk, lean runs 12-13). Each pass
+reads the row from registers when it fits in one tile of ``TILE`` positions, else streams the rest
+of it tile by tile (the first tile stays in registers). Every pass costs a histogram over the whole
+tile (Triton's, pass 0's everywhere, is built from warp ballots, ~45 instructions a key at 32 bins,
+then the warps' counts meet in shared memory: two barriers) and a handful of scans and reductions
+over its 32 bins, which compile to warp-level shuffles and ``redux`` (ptxas, sm_90). The GPU's clock
+inside the programs (H200, experiments/topk_clocks) prices a pass at ~0.8 us over 2048 keys and ~2.2
+us over 8192: the time is passes x (a fixed part + the tile), which is why copying the threshold's
+bucket out to refine or rank it alone measured slower (the copy is a scan over the tile), and why
+what paid was fewer misses on the slowest program: pass 0 over eight octaves instead of four (-1.6
+us at B = 32, 8192 live), and where one still misses, the second anchor (-1.2 to -2.7 us at B = 8,
+64, 128 and 5000 live; experiments/indexer_topk, lean runs). On a GPU the refining passes count in
+shared memory instead (``TopkLaunch.histogram`` says where ballots remain; one barrier a pass):
+after pass 0 only the keys of one bucket still match, and a ballot histogram pays for every key of
+the tile whether it matches or not, where atomics pay little for a key that does not (lean run 10:
+-1.5 us at B = 32, -27% at 65536 live, on an H100; run 11 found pass 0 itself slower in shared
+memory).
 
 The contract (``reference.topk_positions`` is the same in float64):
 
@@ -564,8 +564,8 @@ def _topk_args(launch: TopkLaunch, B, width, k, page_size, guard):
     fused = launch.merge == "fused"
     shared = lambda *tiles: counts_in_shared(launch, tiles, is_interpret())  # noqa: E731
     return (S, dict(opts, TILE=launch.tile, STAGE=0, GUARD=guard, SHARED_HIST=shared(launch.tile)),
-            dict(opts, TILE=launch.tile // S, STAGE=3 if fused else 1, GUARD=guard, MERGE_TILE=merge_tile, SPLIT=S,
-                 SHARED_HIST=shared(launch.tile // S, merge_tile)),
+            dict(opts, TILE=launch.tile // S, STAGE=3 if fused else 1, GUARD=guard, MERGE_TILE=merge_tile,
+                 SPLIT=S, SHARED_HIST=shared(launch.tile // S, merge_tile)),
             dict(opts, TILE=merge_tile, STAGE=2, SHARED_HIST=shared(merge_tile)))
 
 
