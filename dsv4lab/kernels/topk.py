@@ -116,7 +116,6 @@ class TopkLaunch:
     merge: str = "fused"
     rebase: bool = True
     histogram: str = "shared"
-    merge_hist: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -301,11 +300,11 @@ def _store(out, aux, sel, slot, pos, start, held, STAGE: tl.constexpr):
 
 
 @triton.jit
-def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, MAXK, HIST, width, k, stride_xb, stride_ob, stride_fb, num_pages,
+def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, MAXK, width, k, stride_xb, stride_ob, stride_fb, num_pages,
                  stride_pb, TILE: tl.constexpr, RADIX: tl.constexpr, OUT_BLOCK: tl.constexpr,
                  ANCHOR: tl.constexpr = 11, STAGE: tl.constexpr = 0, GUARD: tl.constexpr = False,
                  PAGE: tl.constexpr = 64, MERGE_TILE: tl.constexpr = 32, REBASE: tl.constexpr = True,
-                 SHARED_HIST: tl.constexpr = False, SPLIT: tl.constexpr = 1, MERGE_HIST: tl.constexpr = False):
+                 SHARED_HIST: tl.constexpr = False, SPLIT: tl.constexpr = 1):
     """STAGE 0: the top-k of row b's live prefix. STAGE 1 (grid (B, S)): the top-k of chunk s of
     it, written as k candidates (positions to OUT, logits to AUX: [B, S*k], chunk s at s*k, -1 /
     -inf padded). STAGE 2: the top-k of a row's S*k candidates (X), emitted as the positions AUX
@@ -357,15 +356,10 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, MAXK, HIST, width, k, st
         key0 = tl.where(offs < n, key0, 0)
         tl.atomic_or(ERR, flags, mask=(flags != 0) & (s == 0))
     SEL: tl.constexpr = 1 if STAGE == 3 else STAGE                    # stage 3's chunks store as stage 1's
-    NB: tl.constexpr = 1 << RADIX
-    bins = tl.arange(0, NB)
-    p, kmax, h0 = _select(row, out, aux, n, key0, held0, k, start, words, tl.zeros([], tl.int32),
-                          tl.zeros([], tl.uint32), tl.zeros([NB], tl.int32), TILE, RADIX, OUT_BLOCK, ANCHOR, SEL,
-                          REBASE, SHARED_HIST, False, False)
+    p, kmax = _select(row, out, aux, n, key0, held0, k, start, words, tl.zeros([], tl.int32), tl.zeros([], tl.uint32),
+                      TILE, RADIX, OUT_BLOCK, ANCHOR, SEL, REBASE, SHARED_HIST, False)
     if STAGE == 3:
         tl.store(MAXK + b * SPLIT + s, kmax.to(tl.int32, bitcast=True))
-        if MERGE_HIST:
-            tl.store(HIST + (b * SPLIT + s) * NB + bins, h0)
         # every thread's candidate stores before the ticket's release (barrier + acq_rel atomic);
         # the last ticket resets the counter, so a CUDA graph replays from zero
         tl.debug_barrier()
@@ -377,33 +371,15 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, MAXK, HIST, width, k, st
             mkey, mheld = _load_tile(AUX + b * stride_ob, OUT + b * stride_ob, 0, mo, m, 2)
             # the candidates' largest key is the largest chunk's: no reduction over the candidates
             mmax = tl.max(tl.load(MAXK + b * SPLIT + tl.arange(0, SPLIT)).to(tl.uint32, bitcast=True), 0)
-            hrow = tl.zeros([NB], tl.int32)
-            if MERGE_HIST:
-                hrow = _row_histogram(MAXK + b * SPLIT, HIST + b * SPLIT * NB, mmax, 32 - ANCHOR, SPLIT, NB)
             # the passes go on counting in the chunk's histograms (_counted's rotation): none to clear
             _select(AUX + b * stride_ob, FINAL + b * stride_fb, OUT + b * stride_ob, m, mkey, mheld, k, 0, words, p,
-                    mmax, hrow, MERGE_TILE, RADIX, OUT_BLOCK, ANCHOR, 2, REBASE, SHARED_HIST, True, MERGE_HIST)
+                    mmax, MERGE_TILE, RADIX, OUT_BLOCK, ANCHOR, 2, REBASE, SHARED_HIST, True)
 
 
 @triton.jit
-def _row_histogram(maxk, hist, mmax, SH: tl.constexpr, SPLIT: tl.constexpr, NB: tl.constexpr):
-    """Pass 0's histogram of a whole row, anchored at its largest key ``mmax``, from its chunks' own
-    (each anchored at its chunk's largest key, ``maxk``): chunk bucket i holds the prefix
-    (kmax_c >> SH) - (NB - 1) + i, row bucket i - shift_c with shift_c = (mmax >> SH) - (kmax_c >> SH),
-    and every bucket at or below the row's lowest goes into bucket 0 (which holds every lower
-    prefix, as a chunk's bucket 0 does)."""
-    j = tl.arange(0, SPLIT * NB)
-    h = tl.load(hist + j)
-    kc = tl.load(maxk + j // NB).to(tl.uint32, bitcast=True)
-    shift = ((mmax >> SH) - (kc >> SH)).to(tl.int32)
-    dest = tl.maximum(j % NB - shift, 0)
-    return tl.sum(tl.where(dest[:, None] == tl.arange(0, NB)[None, :], h[:, None], 0), 0)
-
-
-@triton.jit
-def _select(row, out, aux, n, key0, held0, k, start, words, p, kmax, h0, TILE: tl.constexpr, RADIX: tl.constexpr,
+def _select(row, out, aux, n, key0, held0, k, start, words, p, kmax, TILE: tl.constexpr, RADIX: tl.constexpr,
             OUT_BLOCK: tl.constexpr, ANCHOR: tl.constexpr, STAGE: tl.constexpr, REBASE: tl.constexpr,
-            SHARED_HIST: tl.constexpr, KMAX_GIVEN: tl.constexpr, H0_GIVEN: tl.constexpr):
+            SHARED_HIST: tl.constexpr, KMAX_GIVEN: tl.constexpr):
     """The top-k of the n keys at ``row`` (``key0``, ``held0``: its first tile, _load_tile), stored as
     ``STAGE`` says (_store), then the -1 (and, stage 1, -inf) padding of the k output slots.
     Refining pass p counts (_count, _counted) by ballots, or (SHARED_HIST) in shared histogram p % 3
@@ -428,15 +404,11 @@ def _select(row, out, aux, n, key0, held0, k, start, words, p, kmax, h0, TILE: t
         base = (kmax >> SH).to(tl.int32) - (NB - 1)
         # pass 0 counts by ballots in either form: most keys share a few of its buckets, and its
         # atomics measured slower (experiments/indexer_topk, lean run 11)
-        if H0_GIVEN:
-            h = h0
-        else:
-            bucket, ok = _anchored(key0, base, SH, NB)
-            h = _count(zero, bucket, ok, words, p, False, NB)
-            for c in range(TILE, n, TILE):
-                bucket, ok = _anchored(_load_keys(row, c, offs, n), base, SH, NB)
-                h = _count(h, bucket, ok, words, p, False, NB)
-        h0 = h
+        bucket, ok = _anchored(key0, base, SH, NB)
+        h = _count(zero, bucket, ok, words, p, False, NB)
+        for c in range(TILE, n, TILE):
+            bucket, ok = _anchored(_load_keys(row, c, offs, n), base, SH, NB)
+            h = _count(h, bucket, ok, words, p, False, NB)
         d, above, in_d, k_rem = _select_digit(h, bins, k_rem)
         k_all = k_rem
         hit = d > 0                        # the lowest bucket holds every lower prefix: a miss
@@ -491,7 +463,7 @@ def _select(row, out, aux, n, key0, held0, k, start, words, p, kmax, h0, TILE: t
         tl.store(out + c + o, tl.full([OUT_BLOCK], -1, tl.int32), mask=pad)
         if STAGE == 1:
             tl.store(aux + c + o, tl.full([OUT_BLOCK], float("-inf"), tl.float32), mask=pad)
-    return p, kmax, h0
+    return p, kmax
 
 
 def split_for(B: int, width: int, k: int, sm_count: int, tile: int = 8192, most: int = 4) -> int:
@@ -547,7 +519,7 @@ def select(logits, seq_lens, k: int, launch: TopkLaunch, pages=None) -> torch.Te
     err = errors.word(logits.device) if guard else seq_lens
     pt_stride = table.stride(0) if guard else 0
     if S == 1:
-        launch_kernel(_topk_kernel, (B, 1), (logits, seq_lens, out, out, table, err, out, seq_lens, seq_lens, seq_lens),
+        launch_kernel(_topk_kernel, (B, 1), (logits, seq_lens, out, out, table, err, out, seq_lens, seq_lens),
                       (width, k, logits.stride(0), k, 0, num_pages, pt_stride), single)
         return out
     # the chunks' candidates, kept per shape (common.reused)
@@ -560,14 +532,12 @@ def select(logits, seq_lens, k: int, launch: TopkLaunch, pages=None) -> torch.Te
         # largest key (written before every read)
         count = common.reused("topk.count", (B,), torch.int32, logits.device, poison=False, zeroed=True)
         kmax = common.reused("topk.max", (B, S), torch.int32, logits.device)
-        hist = common.reused("topk.hist", (B, S, 1 << launch.radix), torch.int32, logits.device) \
-            if launch.merge_hist else seq_lens
-        launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err, out, count, kmax, hist),
+        launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err, out, count, kmax),
                       (width, k, logits.stride(0), S * k, k, num_pages, pt_stride), chunks)
         return out
-    launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err, out, seq_lens, seq_lens, seq_lens),
+    launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err, out, seq_lens, seq_lens),
                   (width, k, logits.stride(0), S * k, 0, num_pages, pt_stride), chunks)
-    launch_kernel(_topk_kernel, (B, 1), (val, seq_lens, out, pos, table, err, out, seq_lens, seq_lens, seq_lens),
+    launch_kernel(_topk_kernel, (B, 1), (val, seq_lens, out, pos, table, err, out, seq_lens, seq_lens),
                   (S * k, k, S * k, k, 0, num_pages, 0), merge)
     return out
 
@@ -595,8 +565,7 @@ def _topk_args(launch: TopkLaunch, B, width, k, page_size, guard):
     shared = lambda *tiles: counts_in_shared(launch, tiles, is_interpret())  # noqa: E731
     return (S, dict(opts, TILE=launch.tile, STAGE=0, GUARD=guard, SHARED_HIST=shared(launch.tile)),
             dict(opts, TILE=launch.tile // S, STAGE=3 if fused else 1, GUARD=guard, MERGE_TILE=merge_tile,
-                 SPLIT=S, SHARED_HIST=shared(launch.tile // S, merge_tile),
-                MERGE_HIST=fused and launch.merge_hist and launch.anchor > 0 and S << (2 * launch.radix) <= 16384),
+                 SPLIT=S, SHARED_HIST=shared(launch.tile // S, merge_tile)),
             dict(opts, TILE=merge_tile, STAGE=2, SHARED_HIST=shared(merge_tile)))
 
 

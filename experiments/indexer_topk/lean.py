@@ -28,7 +28,6 @@ QUESTION = "indexer_topk"
 K = 512
 H = 64
 LAUNCHES = {"shipped": TOPK,
-            "merge hist": replace(TOPK, merge_hist=True),
             "shipped, S = 2": replace(TOPK, split=2)}
 
 
