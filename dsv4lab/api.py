@@ -45,6 +45,8 @@ class Impl:
     max_scale_byte: Callable | None = None   # (B, H, K) -> largest UE8M0 scale byte it reads right, or None
     reads_dead_pages: bool = False   # indexer: gathers every page-table entry, not only the live ones
     guards_inputs: bool = False      # indexer: clamps seq_lens, cuts at a bad live page id and flags both itself
+    prepare: Callable | None = None  # indexer_topk: (checked args, max_seq_len, topk) -> a callable for
+                                     # later calls of the same signature, or None (indexer_topk's _PREPARED)
 
 
 OPS = ("sparse_decode", "indexer_logits", "indexer_topk")
@@ -466,9 +468,42 @@ def indexer_topk(q, index_cache, weights, seq_lens, page_table, *, max_seq_len: 
     descending logit for the torch paths and the reference, ascending position for impl="triton"
     (whose ties at the k-th value go to the lower position: ``reference.topk_positions`` is its
     exact contract)."""
+    key = _signature(impl, checks, q, index_cache, weights, seq_lens, page_table, max_seq_len, topk)
+    prepared = _PREPARED.get(key) if key is not None else None
+    if prepared is not None:
+        out = prepared(q, index_cache, weights, seq_lens, page_table)
+        if out is not None:
+            return out
     entry = _pick("indexer_topk", impl)
     L = check_indexer_args(q, index_cache, weights, seq_lens, page_table, max_seq_len, checks_mode(checks))
-    return entry.fn(q, index_cache, weights, seq_lens, page_table, max_seq_len=L, topk=topk_arg(topk))
+    k = topk_arg(topk)
+    out = entry.fn(q, index_cache, weights, seq_lens, page_table, max_seq_len=L, topk=k)
+    if key is not None and entry.prepare is not None:
+        prepared = entry.prepare(q, index_cache, weights, seq_lens, page_table, L, k)
+        if prepared is not None:
+            if len(_PREPARED) >= 256:
+                _PREPARED.clear()
+            _PREPARED[key] = prepared
+    return out
+
+
+#: indexer_topk's prepared calls (Impl.prepare) by argument signature: an eager call that repeats a
+#: signature whose checks passed goes straight to its launches (experiments/eager_host_path)
+_PREPARED: dict = {}
+
+
+def _signature(impl, checks, q, index_cache, weights, seq_lens, page_table, max_seq_len, topk):
+    """What indexer_topk's checks and planning depend on, as a key, or None where a call is not to be
+    prepared: checks other than the default "device", scalars that are not plain ints (a numpy or
+    torch integer, a bool), tensors of a subclass. The cache is keyed by its id (the prepared call
+    also holds a weak reference and compares the object)."""
+    T = torch.Tensor
+    if (type(impl) is not str or checks not in (None, "device") or type(max_seq_len) is not int or type(topk) is not int
+            or type(q) is not T or type(weights) is not T or type(seq_lens) is not T or type(page_table) is not T):
+        return None
+    return (impl, max_seq_len, topk, id(index_cache), q.shape, q.dtype, q.device, q.stride(), weights.shape,
+            weights.dtype, weights.device, weights.stride(), seq_lens.shape, seq_lens.dtype, seq_lens.device,
+            seq_lens.stride(), page_table.shape, page_table.dtype, page_table.device, page_table.stride())
 
 
 @register("indexer_topk", "reference", description="float64, the judge (dsv4lab.reference)", graph_safe=False)

@@ -462,3 +462,79 @@ def test_shared_histograms_only_where_every_key_has_one_thread():
     assert not counts_in_shared(TopkLaunch(), (256,), interpret=False)              # 16 warps: 512 threads
     with pytest.raises(ValueError, match="histogram must be 'ballot' or 'shared'"):
         _topk(torch.randn(2, 300), _lens(300, 200), 8, TopkLaunch(histogram="smem"))
+
+
+def _refuse_checks(monkeypatch):
+    """From here on the API's checks raise: a call that still returns went through a prepared step."""
+    def checks(*a, **k):
+        raise AssertionError("the full path ran")
+    monkeypatch.setattr(dsv4lab.api, "check_indexer_args", checks)
+
+
+def test_a_repeated_signature_skips_to_its_launches(monkeypatch):
+    # an eager loop calls with the same shapes every step: after one checked call, each later call
+    # with the same signature goes straight to its two launches, on its own data
+    dsv4lab.api._PREPARED.clear()
+    inp = make_indexer_inputs(3, 16, 512, seq_lens=[512, 512, 512], seed=30)      # every page live in the table
+    inp.seq_lens.copy_(_lens(512, 300, 64))
+    call = lambda i: dsv4lab.indexer_topk(*i.args(), max_seq_len=512, topk=64, impl="triton")  # noqa: E731
+    first = call(inp)
+    assert torch.equal(first, _step_ref(inp, 64)[1]) and len(dsv4lab.api._PREPARED) == 1
+    _refuse_checks(monkeypatch)
+    gen = torch.Generator().manual_seed(31)
+    for step in range(3):
+        nxt = make_indexer_inputs(3, 16, 512, seq_lens=[512, 512, 512], seed=40 + step)
+        inp.q.copy_(nxt.q)
+        inp.weights.copy_(nxt.weights)
+        inp.seq_lens.copy_(torch.randint(0, 513, (3,), generator=gen).int())
+        inp.seq_lens[step] = [0, 1, 63][step]                          # an empty row, one token, < k
+        ref, want = _step_ref(inp, 64)
+        got = call(inp)
+        assert torch.equal(got, want) and got.data_ptr() != first.data_ptr()   # a fresh output every call
+    # the guard still runs on the prepared path: a bad live page id cuts its request and is flagged
+    errors.read()
+    ref, _ = _step_ref(inp, 64)
+    inp.page_table[0, 1] = -5
+    cut = torch.zeros(3, 512, dtype=torch.bool)
+    cut[0, 64:] = True
+    got = call(inp)
+    assert errors.read() == errors.Flag.PAGE
+    assert torch.equal(got, reference.topk_positions(ref.masked_fill(cut | (torch.arange(512) >= inp.seq_lens[:, None]),
+                                                                      -math.inf), 64))
+    # anything else in the signature is a new call, checked first
+    for other in (dict(max_seq_len=512, topk=32), dict(max_seq_len=256, topk=64)):
+        with pytest.raises(AssertionError, match="full path"):
+            dsv4lab.indexer_topk(*inp.args(), impl="triton", **other)
+    with pytest.raises(AssertionError, match="full path"):
+        dsv4lab.indexer_topk(inp.q[:2], *inp.args()[1:], max_seq_len=512, topk=64, impl="triton")
+
+
+def test_what_a_prepared_step_does_not_repeat(monkeypatch):
+    dsv4lab.api._PREPARED.clear()
+    inp = make_indexer_inputs(2, 16, 256, seq_lens=[256, 100], seed=32)
+    args = inp.args()
+    want = _step_ref(inp, 32)[1]
+    call = lambda *a, **k: dsv4lab.indexer_topk(*a, max_seq_len=k.pop("L", 256), topk=k.pop("topk", 32),  # noqa: E731
+                                                 impl="triton", **k)
+    # never prepared: the sync checks, numpy / bool scalars, a copy the step makes first
+    call(*args, checks="sync")
+    call(*args, topk=torch.tensor(32).numpy()[()])
+    call(args[0].transpose(0, 1).contiguous().transpose(0, 1), *args[1:])   # q not contiguous
+    assert not dsv4lab.api._PREPARED
+    assert torch.equal(call(*args), want) and len(dsv4lab.api._PREPARED) == 1
+    real_checks = dsv4lab.api.check_indexer_args
+    _refuse_checks(monkeypatch)
+    assert torch.equal(call(*args), want)
+    # poisoned outputs, and another cache object with the same shapes, take the full path
+    with pytest.raises(AssertionError, match="full path"), poisoned():
+        call(*args)
+    from dsv4lab.cache import IndexKCache
+    twin = IndexKCache(inp.cache.kv.clone(), inp.cache.num_tokens, inp.cache.page_size)
+    with pytest.raises(AssertionError, match="full path"):
+        call(args[0], twin, *args[2:])
+    # bad arguments are refused by name, as always: a changed dtype is a new signature
+    monkeypatch.setattr(dsv4lab.api, "check_indexer_args", real_checks)
+    with pytest.raises(TypeError, match="seq_lens"):
+        call(args[0], args[1], args[2], args[3].long(), args[4])
+    with pytest.raises(ValueError, match="impl"):
+        dsv4lab.indexer_topk(*args, max_seq_len=256, impl=["triton"])

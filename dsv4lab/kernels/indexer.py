@@ -32,6 +32,7 @@ contract), so the registered step needs no separate guard launch.
 from __future__ import annotations
 
 import functools
+import weakref
 from dataclasses import asdict, dataclass, replace
 
 import torch
@@ -41,8 +42,9 @@ import triton.language as tl
 from ..api import register
 from ..cache import INDEX_DIM, IndexKCache
 from ..device import info, is_interpret
+from . import common
 from .common import alloc, cdiv, dot_dtype, launch_kernel, next_power_of_2
-from .topk import TOPK, TopkLaunch, select, topk_triton
+from .topk import TOPK, TopkLaunch, launches, select, topk_triton
 
 
 @dataclass(frozen=True)
@@ -236,16 +238,26 @@ def _check_q(q):
 
 def _launch_logits(q, index_cache, weights, seq_lens, page_table, max_seq_len, launch, fill_dead, nprog=None):
     """logits_triton after its argument checks (the step calls it directly)."""
-    B, H, D = q.shape
-    out = alloc((B, max_seq_len), torch.float32, q.device)
-    if B == 0:
-        return out
-    g, consts = _logits_args(launch, B, H, D, max_seq_len, index_cache.page_size, nprog, fill_dead)
-    fp8, f32 = index_cache.flat_views
-    launch_kernel(_indexer_kernel, g, (q, weights, fp8, f32, seq_lens, page_table, out), (
-        max_seq_len, index_cache.num_pages, page_table.shape[1],
-        q.stride(0), q.stride(1), weights.stride(0), page_table.stride(0), out.stride(0)), consts)
+    out = alloc((q.shape[0], max_seq_len), torch.float32, q.device)
+    if q.shape[0] > 0:
+        _run_logits(_logits_plan(q, index_cache, weights, page_table, max_seq_len, launch, fill_dead, nprog),
+                    q, index_cache, weights, seq_lens, page_table, out)
     return out
+
+
+def _logits_plan(q, index_cache, weights, page_table, max_seq_len, launch, fill_dead, nprog=None) -> tuple:
+    """(grid, scalar arguments, constexprs and options) of the logits launch for these arguments'
+    shapes and strides, into a fresh contiguous [B, max_seq_len] output."""
+    B, H, D = q.shape
+    g, consts = _logits_args(launch, B, H, D, max_seq_len, index_cache.page_size, nprog, fill_dead)
+    return g, (max_seq_len, index_cache.num_pages, page_table.shape[1], q.stride(0), q.stride(1), weights.stride(0),
+               page_table.stride(0), max_seq_len), consts
+
+
+def _run_logits(plan, q, index_cache, weights, seq_lens, page_table, out):
+    g, scalars, consts = plan
+    fp8, f32 = index_cache.flat_views
+    launch_kernel(_indexer_kernel, g, (q, weights, fp8, f32, seq_lens, page_table, out), scalars, consts)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -275,13 +287,53 @@ def topk_step(q, index_cache: IndexKCache, weights, seq_lens, page_table, max_se
     return select(logits, seq_lens, k, topk_launch or TOPK, (page_table, index_cache.num_pages, index_cache.page_size))
 
 
+class PreparedStep:
+    """``indexer_topk(impl="triton")`` for one signature of its arguments (``api.indexer_topk`` keys
+    them: shapes, strides, dtypes, devices, the cache object, max_seq_len, topk), made after a call of
+    that signature passed the API's checks. The launches' planning, scalar arguments and workspaces
+    are decided here once, so a repeated eager call pays two allocations and two launches of host
+    work instead of the checks and the planning every time (experiments/eager_host_path).
+
+    Calling it returns the positions, or None where the full path must run instead: another cache
+    object, ``LOGITS`` or ``TOPK`` replaced, outputs to poison (``testing.poisoned``), or a
+    workspace to zero again after a CUDA-graph capture (``common.reused``)."""
+
+    def __init__(self, q, index_cache, weights, seq_lens, page_table, max_seq_len: int, k: int):
+        B = q.shape[0]
+        self.cache = weakref.ref(index_cache)   # not the cache itself: a plan must not keep its bytes alive
+        self.options = (LOGITS, TOPK)
+        self.logits_shape, self.out_shape, self.device = (B, max_seq_len), (B, k), q.device
+        self.logits = _logits_plan(q, index_cache, weights, page_table, max_seq_len, LOGITS, False)
+        self.topk = launches(B, max_seq_len, max_seq_len, k, TOPK,
+                             (index_cache.num_pages, index_cache.page_size, page_table.stride(0)), q.device)
+
+    @staticmethod
+    def make(q, index_cache, weights, seq_lens, page_table, max_seq_len: int, k: int):
+        """A PreparedStep for these (checked) arguments, or None where the registered step would copy
+        an input first (not contiguous; page-table rows of non-unit stride) or B is 0."""
+        if (q.shape[0] == 0 or not (q.is_contiguous() and weights.is_contiguous() and seq_lens.is_contiguous())
+                or (page_table.shape[1] > 1 and page_table.stride(1) != 1)):
+            return None
+        return PreparedStep(q, index_cache, weights, seq_lens, page_table, max_seq_len, k)
+
+    def __call__(self, q, index_cache, weights, seq_lens, page_table):
+        if (self.cache() is not index_cache or common._POISON[0] or common._UNZEROED
+                or self.options[0] is not LOGITS or self.options[1] is not TOPK):
+            return None
+        logits = torch.empty(self.logits_shape, dtype=torch.float32, device=self.device)
+        _run_logits(self.logits, q, index_cache, weights, seq_lens, page_table, logits)
+        out = torch.empty(self.out_shape, dtype=torch.int32, device=self.device)
+        self.topk(logits, seq_lens, page_table, out)
+        return out
+
+
 @register("indexer_logits", "triton", stage="S4", description="the Triton indexer: live pages only")
 def _logits(q, index_cache, weights, seq_lens, page_table, *, max_seq_len):
     return logits_triton(q.contiguous(), index_cache, weights.contiguous(), seq_lens.contiguous(), page_table.contiguous(),
                          max_seq_len)
 
 
-@register("indexer_topk", "triton", stage="S4", guards_inputs=True,
+@register("indexer_topk", "triton", stage="S4", guards_inputs=True, prepare=PreparedStep.make,
           description="the Triton indexer and an exact radix top-k, both over the live context only")
 def _topk(q, index_cache, weights, seq_lens, page_table, *, max_seq_len, topk):
     return topk_step(q.contiguous(), index_cache, weights.contiguous(), seq_lens.contiguous(), page_table,

@@ -510,36 +510,57 @@ def select(logits, seq_lens, k: int, launch: TopkLaunch, pages=None) -> torch.Te
     """topk_triton after its argument checks (the indexer step calls it directly). The split's
     candidates go to a workspace kept per shape, as split-K's partials."""
     B, width = logits.shape
-    guard = pages is not None
-    table, num_pages, page_size = pages if guard else (seq_lens, 0, 64)
-    S, single, chunks, merge = _topk_args(launch, B, width, k, page_size, guard)
     out = alloc((B, k), torch.int32, logits.device)
     if B == 0:
         return out
-    err = errors.word(logits.device) if guard else seq_lens
-    pt_stride = table.stride(0) if guard else 0
+    table, meta = (seq_lens, None) if pages is None else (pages[0], (pages[1], pages[2], pages[0].stride(0)))
+    launches(B, width, logits.stride(0), k, launch, meta, logits.device)(logits, seq_lens, table, out)
+    return out
+
+
+def launches(B: int, width: int, stride_xb: int, k: int, launch: TopkLaunch, pages, device):
+    """The top-k's launches for one shape (B > 0), as a function ``run(logits, seq_lens, table, out)``
+    that makes them: one launch of B programs, the chunk launch with its merge fused, or the chunks
+    then the merge. ``pages``: (num_pages, page_size, the page table's row stride) for the indexer
+    step's guard (``table`` is then its page table), or None. The workspaces it launches on (the
+    chunks' candidates, the rows' counters and largest keys) are fetched here, once: ``select``
+    makes it on every call, the indexer's prepared step (kernels/indexer.py) once per signature."""
+    guard = pages is not None
+    num_pages, page_size, pt_stride = pages if guard else (0, 64, 0)
+    S, single, chunks, merge = _topk_args(launch, B, width, k, page_size, guard)
+    err = errors.word(device) if guard else None
     if S == 1:
-        launch_kernel(_topk_kernel, (B, 1), (logits, seq_lens, out, out, table, err, out, seq_lens, seq_lens),
-                      (width, k, logits.stride(0), k, 0, num_pages, pt_stride), single)
-        return out
-    # the chunks' candidates, kept per shape (common.reused)
-    pos = common.reused("topk.pos", (B, S * k), torch.int32, logits.device)
-    val = common.reused("topk.val", (B, S * k), torch.float32, logits.device)
-    # OUT / AUX rows of the chunks are pos / val rows (S*k wide, made contiguous by reused), and the
-    # answer's rows are k wide (alloc): strides from the shapes, not stride() calls on every call
+        scalars = (width, k, stride_xb, k, 0, num_pages, pt_stride)
+
+        def run(logits, seq_lens, table, out):
+            launch_kernel(_topk_kernel, (B, 1), (logits, seq_lens, out, out, table, err if guard else seq_lens, out,
+                                                 seq_lens, seq_lens), scalars, single)
+        return run
+    # the chunks' candidates, kept per shape (common.reused); their rows are S*k wide (made contiguous
+    # by reused), the answer's k wide: strides from the shapes, not stride() calls on every call
+    pos = common.reused("topk.pos", (B, S * k), torch.int32, device)
+    val = common.reused("topk.val", (B, S * k), torch.float32, device)
     if launch.merge == "fused":
         # the rows' ticket counters: zero when made, and back to zero after every launch; each chunk's
         # largest key (written before every read)
-        count = common.reused("topk.count", (B,), torch.int32, logits.device, poison=False, zeroed=True)
-        kmax = common.reused("topk.max", (B, S), torch.int32, logits.device)
-        launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err, out, count, kmax),
-                      (width, k, logits.stride(0), S * k, k, num_pages, pt_stride), chunks)
-        return out
-    launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err, out, seq_lens, seq_lens),
-                  (width, k, logits.stride(0), S * k, 0, num_pages, pt_stride), chunks)
-    launch_kernel(_topk_kernel, (B, 1), (val, seq_lens, out, pos, table, err, out, seq_lens, seq_lens),
-                  (S * k, k, S * k, k, 0, num_pages, 0), merge)
-    return out
+        count = common.reused("topk.count", (B,), torch.int32, device, poison=False, zeroed=True)
+        kmax = common.reused("topk.max", (B, S), torch.int32, device)
+        scalars = (width, k, stride_xb, S * k, k, num_pages, pt_stride)
+
+        def run(logits, seq_lens, table, out):
+            launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err if guard else seq_lens, out,
+                                                 count, kmax), scalars, chunks)
+        return run
+    chunk_scalars = (width, k, stride_xb, S * k, 0, num_pages, pt_stride)
+    merge_scalars = (S * k, k, S * k, k, 0, num_pages, 0)
+
+    def run(logits, seq_lens, table, out):
+        e = err if guard else seq_lens
+        launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, e, out, seq_lens, seq_lens),
+                      chunk_scalars, chunks)
+        launch_kernel(_topk_kernel, (B, 1), (val, seq_lens, out, pos, table, e, out, seq_lens, seq_lens),
+                      merge_scalars, merge)
+    return run
 
 
 @functools.lru_cache(maxsize=1024)

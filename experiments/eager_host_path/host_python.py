@@ -115,6 +115,8 @@ def stubbed(direct: bool = True):
     KernelInterface.__getitem__ = _stub_getitem
     for f in PER_SHAPE:
         f.cache_clear()
+    prepared = getattr(dsv4lab.api, "_PREPARED", {})     # indexer_topk's prepared calls: planned here anew
+    prepared.clear()
     try:
         yield
     finally:
@@ -124,6 +126,7 @@ def stubbed(direct: bool = True):
             del k.params
         for f in PER_SHAPE:
             f.cache_clear()
+        prepared.clear()
 
 
 def python_us(fn, calls: int, batches: int = 40) -> dict:
