@@ -153,3 +153,29 @@ def test_a_launch_hook_takes_triton_path(monkeypatch):
             chain.remove(hook)
     common.launch_kernel(k, (1,), (x,), (16,), consts)          # no hook: the direct path again
     assert len(k.slow) == 3
+
+
+def test_a_bound_launch_is_the_direct_path_without_the_key(monkeypatch):
+    _direct(monkeypatch)
+    device = [0]
+    monkeypatch.setattr(common, "_DRIVER", [lambda: device[0], lambda d: 99])
+    k, consts, x, y = FakeKernel(), {"A": 3}, torch.zeros(8), torch.ones(8)
+    unbound = common.bind_launch(k, (2,), (32,), consts, (torch.float32,))      # not launched yet: launch_kernel
+    unbound(x)
+    bound = common.bind_launch(k, (2,), (32,), consts, (torch.float32,))
+    monkeypatch.setattr(common, "_LAUNCHES", {})        # the key is not looked up again
+    bound(y)
+    assert len(k.slow) == 1
+    (call,) = k.compiled.calls
+    assert call[:9] == (2, 1, 1, 99, "fn", "meta", None, None, None) and call[9] is y and call[10:] == (32, 3, 7)
+    # whenever launch_kernel would not go direct, neither does a bound launch
+    bound(torch.zeros(9)[1:])                                                   # off 16-byte alignment
+    with common.triton_launches():
+        bound(y)
+    device[0] = 1                                                               # another current device
+    bound(y)
+    assert len(k.slow) == 4 and k.compiled.calls == []
+    # another signature (dtype) or the interpreter: launch_kernel itself
+    assert common.bind_launch(k, (2,), (32,), consts, (torch.float64,)).__name__ == "through_triton"
+    monkeypatch.setattr(common, "is_interpret", lambda: True)
+    assert common.bind_launch(k, (2,), (32,), consts, (torch.float32,)).__name__ == "through_triton"

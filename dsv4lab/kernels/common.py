@@ -312,6 +312,33 @@ def launch_kernel(kernel, grid: tuple, tensors: tuple, scalars: tuple, consts: d
     return compiled
 
 
+def bind_launch(kernel, grid: tuple, scalars: tuple, consts: dict, dtypes: tuple):
+    """``launch(*tensors)``: launch_kernel for a launch whose grid, scalars and constexprs are fixed and
+    whose tensors always have these ``dtypes`` (a prepared call: kernels/indexer.PreparedStep). Where
+    launch_kernel has already launched that signature on this device by its direct path, the
+    launch hands the compiled kernel's launcher the arguments without building and looking up the
+    signature's key each time; it takes launch_kernel whenever launch_kernel would not go direct
+    (Triton's path switched on, a launch hook, another current device, a tensor off 16-byte
+    alignment). Anywhere else (the interpreter, a signature not launched yet) it is launch_kernel."""
+    def through_triton(*tensors):
+        return launch_kernel(kernel, grid, tensors, scalars, consts)
+    if not _DIRECT[0] or is_interpret() or not _DRIVER:
+        return through_triton
+    current_device, current_stream = _DRIVER
+    device = current_device()
+    hit = _LAUNCHES.get((id(kernel), device, grid, id(consts), scalars, tuple(map(type, scalars)), dtypes))
+    if hit is None:
+        return through_triton
+    _, _, _, (g0, g1, g2), call, head, tail = hit
+
+    def launch(*tensors):
+        if (not _DIRECT[0] or _launch_hooked() or current_device() != device
+                or functools.reduce(operator.or_, map(_DATA_PTR, tensors), 0) & 15):
+            return through_triton(*tensors)
+        call(g0, g1, g2, current_stream(device), *head, *tensors, *scalars, *tail)
+    return launch
+
+
 #: Triton versions whose CudaLauncher.__call__ was read and its C launch's arguments checked (3.6:
 #: grid, stream, function, cooperative, pdl, two scratch buffers, then what __call__ receives)
 C_LAUNCH_TRITON = ("3.6.",)

@@ -303,9 +303,11 @@ class PreparedStep:
         self.cache = weakref.ref(index_cache)   # not the cache itself: a plan must not keep its bytes alive
         self.options = (LOGITS, TOPK)
         self.logits_shape, self.out_shape, self.device = (B, max_seq_len), (B, k), q.device
-        self.logits = _logits_plan(q, index_cache, weights, page_table, max_seq_len, LOGITS, False)
+        g, scalars, consts = _logits_plan(q, index_cache, weights, page_table, max_seq_len, LOGITS, False)
+        self.logits = common.bind_launch(_indexer_kernel, g, scalars, consts, (
+            q.dtype, weights.dtype, torch.float8_e4m3fn, torch.float32, seq_lens.dtype, page_table.dtype, torch.float32))
         self.topk = launches(B, max_seq_len, max_seq_len, k, TOPK,
-                             (index_cache.num_pages, index_cache.page_size, page_table.stride(0)), q.device)
+                             (index_cache.num_pages, index_cache.page_size, page_table.stride(0)), q.device, bound=True)
 
     @staticmethod
     def make(q, index_cache, weights, seq_lens, page_table, max_seq_len: int, k: int):
@@ -321,7 +323,8 @@ class PreparedStep:
                 or self.options[0] is not LOGITS or self.options[1] is not TOPK):
             return None
         logits = torch.empty(self.logits_shape, dtype=torch.float32, device=self.device)
-        _run_logits(self.logits, q, index_cache, weights, seq_lens, page_table, logits)
+        fp8, f32 = index_cache.flat_views
+        self.logits(q, weights, fp8, f32, seq_lens, page_table, logits)
         out = torch.empty(self.out_shape, dtype=torch.int32, device=self.device)
         self.topk(logits, seq_lens, page_table, out)
         return out

@@ -518,48 +518,53 @@ def select(logits, seq_lens, k: int, launch: TopkLaunch, pages=None) -> torch.Te
     return out
 
 
-def launches(B: int, width: int, stride_xb: int, k: int, launch: TopkLaunch, pages, device):
+def launches(B: int, width: int, stride_xb: int, k: int, launch: TopkLaunch, pages, device, bound: bool = False):
     """The top-k's launches for one shape (B > 0), as a function ``run(logits, seq_lens, table, out)``
     that makes them: one launch of B programs, the chunk launch with its merge fused, or the chunks
     then the merge. ``pages``: (num_pages, page_size, the page table's row stride) for the indexer
-    step's guard (``table`` is then its page table), or None. The workspaces it launches on (the
-    chunks' candidates, the rows' counters and largest keys) are fetched here, once: ``select``
-    makes it on every call, the indexer's prepared step (kernels/indexer.py) once per signature."""
+    step's guard (``table`` is then its page table, int32), or None. The workspaces it launches on
+    (the chunks' candidates, the rows' counters and largest keys) are fetched here, once: ``select``
+    makes it on every call, the indexer's prepared step (kernels/indexer.py) once per signature, with
+    ``bound`` launches (common.bind_launch: made after this shape's first launches)."""
     guard = pages is not None
     num_pages, page_size, pt_stride = pages if guard else (0, 64, 0)
     S, single, chunks, merge = _topk_args(launch, B, width, k, page_size, guard)
     err = errors.word(device) if guard else None
+    i32, f32 = torch.int32, torch.float32
+
+    def launcher(grid, scalars, consts, dtypes):
+        if bound:
+            return common.bind_launch(_topk_kernel, grid, scalars, consts, dtypes)
+        return lambda *tensors: launch_kernel(_topk_kernel, grid, tensors, scalars, consts)
     if S == 1:
-        scalars = (width, k, stride_xb, k, 0, num_pages, pt_stride)
+        one = launcher((B, 1), (width, k, stride_xb, k, 0, num_pages, pt_stride), single, (f32,) + (i32,) * 8)
 
         def run(logits, seq_lens, table, out):
-            launch_kernel(_topk_kernel, (B, 1), (logits, seq_lens, out, out, table, err if guard else seq_lens, out,
-                                                 seq_lens, seq_lens), scalars, single)
+            one(logits, seq_lens, out, out, table, err if guard else seq_lens, out, seq_lens, seq_lens)
         return run
     # the chunks' candidates, kept per shape (common.reused); their rows are S*k wide (made contiguous
     # by reused), the answer's k wide: strides from the shapes, not stride() calls on every call
-    pos = common.reused("topk.pos", (B, S * k), torch.int32, device)
-    val = common.reused("topk.val", (B, S * k), torch.float32, device)
+    pos = common.reused("topk.pos", (B, S * k), i32, device)
+    val = common.reused("topk.val", (B, S * k), f32, device)
     if launch.merge == "fused":
         # the rows' ticket counters: zero when made, and back to zero after every launch; each chunk's
         # largest key (written before every read)
-        count = common.reused("topk.count", (B,), torch.int32, device, poison=False, zeroed=True)
-        kmax = common.reused("topk.max", (B, S), torch.int32, device)
-        scalars = (width, k, stride_xb, S * k, k, num_pages, pt_stride)
+        count = common.reused("topk.count", (B,), i32, device, poison=False, zeroed=True)
+        kmax = common.reused("topk.max", (B, S), i32, device)
+        fused = launcher((B, S), (width, k, stride_xb, S * k, k, num_pages, pt_stride), chunks,
+                         (f32, i32, i32, f32) + (i32,) * 5)
 
         def run(logits, seq_lens, table, out):
-            launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, err if guard else seq_lens, out,
-                                                 count, kmax), scalars, chunks)
+            fused(logits, seq_lens, pos, val, table, err if guard else seq_lens, out, count, kmax)
         return run
-    chunk_scalars = (width, k, stride_xb, S * k, 0, num_pages, pt_stride)
-    merge_scalars = (S * k, k, S * k, k, 0, num_pages, 0)
+    chunk = launcher((B, S), (width, k, stride_xb, S * k, 0, num_pages, pt_stride), chunks,
+                     (f32, i32, i32, f32) + (i32,) * 5)
+    final = launcher((B, 1), (S * k, k, S * k, k, 0, num_pages, 0), merge, (f32,) + (i32,) * 8)
 
     def run(logits, seq_lens, table, out):
         e = err if guard else seq_lens
-        launch_kernel(_topk_kernel, (B, S), (logits, seq_lens, pos, val, table, e, out, seq_lens, seq_lens),
-                      chunk_scalars, chunks)
-        launch_kernel(_topk_kernel, (B, 1), (val, seq_lens, out, pos, table, e, out, seq_lens, seq_lens),
-                      merge_scalars, merge)
+        chunk(logits, seq_lens, pos, val, table, e, out, seq_lens, seq_lens)
+        final(val, seq_lens, out, pos, table, e, out, seq_lens, seq_lens)
     return run
 
 

@@ -10,7 +10,8 @@ OUT.json as soon as it is done (``complete`` False until the end):
 1. checks (``kind="check"``): the registered step at B = 32, H = 64, max context 262208, random
    lengths (0, 1, < k among them) against ``reference.topk_positions`` on its own logits (exact)
    and the float64 reference's selection (recall); one captured graph replayed on the next step's
-   data against the reference and bitwise against an eager call.
+   data against the reference and bitwise against an eager call; the API's second call of one
+   signature (its prepared step) on the next step's data.
 2. the step against the max context (``kind="step_vs_max"``): B = 32, 8192 live, max 65536 /
    262208 / 1,048,576 for impl "triton"; every other available impl (the torch fallbacks, SGLang's)
    at 65536 and 262208 ("torch_fp32" at 262208 is the targets' baseline); then the Triton step
@@ -140,6 +141,16 @@ def run_checks(smoke, B, L, live) -> list:
         return row
     rows.append(ab.attempt(dict(kind="check", case="graph replay on the next step's data (new seq_lens incl. 0 and "
                                                     "short, shuffled page table, new q and w)"), replay))
+    # the API eager: its first call checks and prepares the signature, the next goes to the launches
+    api = make_indexer_inputs(B, H, L, seq_lens=live, seed=34)
+
+    def prepared():
+        call = lambda: dsv4lab.indexer_topk(*api.args(), max_seq_len=L, topk=K, impl="triton")  # noqa: E731
+        call()
+        next_step(api, 35, live)
+        return {**check_step(api, call()), "prepared_signatures": len(dsv4lab.api._PREPARED)}
+    rows.append(ab.attempt(dict(kind="check", case="the API's prepared call (a repeated signature) on the next "
+                                                    "step's data"), prepared))
     return rows
 
 
