@@ -467,7 +467,10 @@ def indexer_topk(q, index_cache, weights, seq_lens, page_table, *, max_seq_len: 
     positive int. The positions are a set for the sparse decode; their order is the impl's:
     descending logit for the torch paths and the reference, ascending position for impl="triton"
     (whose ties at the k-th value go to the lower position: ``reference.topk_positions`` is its
-    exact contract)."""
+    exact contract). An impl with ``Impl.prepare`` (impl="triton") keeps what a call's checks and
+    launch planning decided under its argument signature (shapes, strides, dtypes, devices, the
+    cache object, max_seq_len, topk): an eager loop's later calls of that signature go straight to
+    the launches."""
     key = _signature(impl, checks, q, index_cache, weights, seq_lens, page_table, max_seq_len, topk)
     prepared = _PREPARED.get(key) if key is not None else None
     if prepared is not None:
