@@ -324,16 +324,23 @@ def test_a_bad_live_page_id_is_never_read(prefetch, split, merge):
     assert torch.equal(top, reference.topk_positions(ref.masked_fill(cut, -math.inf), 40))
 
 
+def _next_step(inp, seed, gen):
+    """The next decode step's data written into ``inp``'s buffers (every page of its table live):
+    new q and weights, random lengths up to the max context."""
+    B, H, _ = inp.q.shape
+    nxt = make_indexer_inputs(B, H, inp.max_seq_len, seq_lens=inp.max_seq_len, seed=seed)
+    inp.q.copy_(nxt.q)
+    inp.weights.copy_(nxt.weights)
+    inp.seq_lens.copy_(torch.randint(0, inp.max_seq_len + 1, (B,), generator=gen).int())
+
+
 def test_one_launch_shape_across_steps():
     # a captured graph replays one launch (same grid, same buffers) on each step's data
     inp = make_indexer_inputs(3, 16, 512, seq_lens=[512, 512, 512], seed=7)
     g = indexer.grid(3, 512)
     gen = torch.Generator().manual_seed(8)
     for step in range(3):
-        nxt = make_indexer_inputs(3, 16, 512, seq_lens=[512, 512, 512], seed=20 + step)
-        inp.q.copy_(nxt.q)
-        inp.weights.copy_(nxt.weights)
-        inp.seq_lens.copy_(torch.randint(0, 513, (3,), generator=gen).int())
+        _next_step(inp, 20 + step, gen)
         inp.seq_lens[step] = 0 if step else 512
         inp.page_table.copy_(inp.page_table[torch.randperm(3, generator=gen)])
         ref, want = _step_ref(inp, 64)
@@ -483,10 +490,7 @@ def test_a_repeated_signature_skips_to_its_launches(monkeypatch):
     _refuse_checks(monkeypatch)
     gen = torch.Generator().manual_seed(31)
     for step in range(3):
-        nxt = make_indexer_inputs(3, 16, 512, seq_lens=[512, 512, 512], seed=40 + step)
-        inp.q.copy_(nxt.q)
-        inp.weights.copy_(nxt.weights)
-        inp.seq_lens.copy_(torch.randint(0, 513, (3,), generator=gen).int())
+        _next_step(inp, 40 + step, gen)
         inp.seq_lens[step] = [0, 1, 63][step]                          # an empty row, one token, < k
         ref, want = _step_ref(inp, 64)
         got = call(inp)
