@@ -471,7 +471,9 @@ def indexer_topk(q, index_cache, weights, seq_lens, page_table, *, max_seq_len: 
     launch planning decided under its argument signature (shapes, strides, dtypes, devices, the
     cache object, max_seq_len, topk): an eager loop's later calls of that signature go straight to
     the launches."""
-    key = _signature(impl, checks, q, index_cache, weights, seq_lens, page_table, max_seq_len, topk)
+    known = _IMPLS["indexer_topk"].get(impl) if type(impl) is str else None
+    key = (_signature(impl, checks, q, index_cache, weights, seq_lens, page_table, max_seq_len, topk)
+           if known is not None and known.prepare is not None else None)
     prepared = _PREPARED.get(key) if key is not None else None
     if prepared is not None:
         out = prepared(q, index_cache, weights, seq_lens, page_table)
@@ -481,7 +483,7 @@ def indexer_topk(q, index_cache, weights, seq_lens, page_table, *, max_seq_len: 
     L = check_indexer_args(q, index_cache, weights, seq_lens, page_table, max_seq_len, checks_mode(checks))
     k = topk_arg(topk)
     out = entry.fn(q, index_cache, weights, seq_lens, page_table, max_seq_len=L, topk=k)
-    if key is not None and entry.prepare is not None:
+    if key is not None and prepared is None:
         prepared = entry.prepare(q, index_cache, weights, seq_lens, page_table, L, k)
         if prepared is not None:
             if len(_PREPARED) >= 256:
@@ -501,7 +503,7 @@ def _signature(impl, checks, q, index_cache, weights, seq_lens, page_table, max_
     torch integer, a bool), tensors of a subclass. The cache is keyed by its id (the prepared call
     also holds a weak reference and compares the object)."""
     T = torch.Tensor
-    if (type(impl) is not str or checks not in (None, "device") or type(max_seq_len) is not int or type(topk) is not int
+    if (checks not in (None, "device") or type(max_seq_len) is not int or type(topk) is not int
             or type(q) is not T or type(weights) is not T or type(seq_lens) is not T or type(page_table) is not T):
         return None
     return (impl, max_seq_len, topk, id(index_cache), q.shape, q.dtype, q.device, q.stride(), weights.shape,

@@ -312,8 +312,10 @@ class PreparedStep:
     @staticmethod
     def make(q, index_cache, weights, seq_lens, page_table, max_seq_len: int, k: int):
         """A PreparedStep for these (checked) arguments, or None where the registered step would copy
-        an input first (not contiguous; page-table rows of non-unit stride) or B is 0."""
-        if (q.shape[0] == 0 or not (q.is_contiguous() and weights.is_contiguous() and seq_lens.is_contiguous())
+        an input first (not contiguous; page-table rows of non-unit stride), B is 0, or outputs are
+        being poisoned (its workspaces would be filled again for nothing)."""
+        if (q.shape[0] == 0 or common._POISON[0]
+                or not (q.is_contiguous() and weights.is_contiguous() and seq_lens.is_contiguous())
                 or (page_table.shape[1] > 1 and page_table.stride(1) != 1)):
             return None
         return PreparedStep(q, index_cache, weights, seq_lens, page_table, max_seq_len, k)
