@@ -289,15 +289,11 @@ def launch_kernel(kernel, grid: tuple, tensors: tuple, scalars: tuple, consts: d
     ``lru_cache`` helpers return. The interpreter, a Triton launch hook (the proton profiler's),
     a tensor off 16-byte alignment (Triton specializes each pointer on it) or ``triton_launches()``
     take Triton's own path."""
-    if not _DIRECT[0] or is_interpret() or _launch_hooked() or functools.reduce(
-            operator.or_, map(_DATA_PTR, tensors), 0) & 15:
+    if _takes_triton_path(tensors):
         return kernel[grid](*tensors, *scalars, **consts)
     current_device, current_stream = _DRIVER or _driver()
     device = current_device()
-    # values and types: 16 == 16.0 == hash(16.0) and True == 1, but Triton compiles each differently.
-    # id(kernel), not the kernel: a JITFunction's __hash__ is Python (its cache key), ~1 us a launch.
-    # The entry holds consts and the kernel, so while it exists their ids in its key stay theirs.
-    key = (id(kernel), device, grid, id(consts), scalars, tuple(map(type, scalars)), tuple(map(_DTYPE, tensors)))
+    key = _launch_key(kernel, device, grid, consts, scalars, tuple(map(_DTYPE, tensors)))
     hit = _LAUNCHES.get(key)
     if hit is None:
         compiled = kernel[grid](*tensors, *scalars, **consts)
@@ -310,6 +306,21 @@ def launch_kernel(kernel, grid: tuple, tensors: tuple, scalars: tuple, consts: d
     _, _, compiled, (g0, g1, g2), call, head, tail = hit
     call(g0, g1, g2, current_stream(device), *head, *tensors, *scalars, *tail)
     return compiled
+
+
+def _takes_triton_path(tensors) -> bool:
+    """A launch that takes Triton's own path: switched there (``triton_launches``), the interpreter,
+    a launch hook, or a tensor off 16-byte alignment (Triton specializes each pointer on it)."""
+    return (not _DIRECT[0] or is_interpret() or _launch_hooked()
+            or functools.reduce(operator.or_, map(_DATA_PTR, tensors), 0) & 15)
+
+
+def _launch_key(kernel, device, grid, consts, scalars, dtypes) -> tuple:
+    """launch_kernel's cache key. Values and types: 16 == 16.0 == hash(16.0) and True == 1, but Triton
+    compiles each differently. id(kernel), not the kernel: a JITFunction's __hash__ is Python (its
+    cache key), ~1 us a launch. The entry holds consts and the kernel, so while it exists their ids
+    in its key stay theirs."""
+    return id(kernel), device, grid, id(consts), scalars, tuple(map(type, scalars)), dtypes
 
 
 def bind_launch(kernel, grid: tuple, scalars: tuple, consts: dict, dtypes: tuple):
@@ -326,14 +337,13 @@ def bind_launch(kernel, grid: tuple, scalars: tuple, consts: dict, dtypes: tuple
         return through_triton
     current_device, current_stream = _DRIVER
     device = current_device()
-    hit = _LAUNCHES.get((id(kernel), device, grid, id(consts), scalars, tuple(map(type, scalars)), dtypes))
+    hit = _LAUNCHES.get(_launch_key(kernel, device, grid, consts, scalars, dtypes))
     if hit is None:
         return through_triton
     _, _, _, (g0, g1, g2), call, head, tail = hit
 
     def launch(*tensors):
-        if (not _DIRECT[0] or _launch_hooked() or current_device() != device
-                or functools.reduce(operator.or_, map(_DATA_PTR, tensors), 0) & 15):
+        if _takes_triton_path(tensors) or current_device() != device:
             return through_triton(*tensors)
         call(g0, g1, g2, current_stream(device), *head, *tensors, *scalars, *tail)
     return launch
