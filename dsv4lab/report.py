@@ -101,6 +101,27 @@ def replay_throughput_table(run: str = "h200") -> str:
     return "\n".join(lines)
 
 
+def replay_devices_table(C=(1, 32, 64)) -> str:
+    """tok/s per stage at a few C in every recorded replay, device beside device (the same command,
+    the same model; each run's own date and versions in its line above the table)."""
+    import pandas as pd
+    names = runs.replays()
+    lines = []
+    for run in names:
+        env = runs.replay(run)["environment"]
+        lines.append(f"- `{run}`: {env['device']['name']}, {env['date'][:16]}Z, torch {env['torch']}, "
+                     f"triton {env['triton']}, {runs.replay(run)['elapsed_s']:.0f} s")
+    tok = {run: pd.DataFrame(runs.replay(run)["tables"]["throughput"]).pivot_table(
+        index="stage", columns="C", values="tok_s", sort=False) for run in names}
+    lines += ["", "| stage | " + " | ".join(f"tok/s C={c} {run}" for c in C for run in names) + " |",
+              "|---|" + "---|" * (len(C) * len(names))]
+    for stage in tok[names[0]].index:
+        cells = [_fmt(tok[run].loc[stage, c]) if stage in tok[run].index and c in tok[run].columns else "-"
+                 for c in C for run in names]
+        lines.append(f"| {stage} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def replay_shift_table(run: str = "h200", before: str = "S0", after: str = "S1") -> str:
     """The story's table, measured: kernel time by category before and after the MMA kernel at C = 32,
     beside the story's published shares."""
@@ -137,7 +158,7 @@ SECTIONS = {"decode-run": lambda: run_line("decode"), "decode-table": decode_tab
             "indexer-run": lambda: run_line("indexer"), "indexer-table": indexer_table,
             "story-vs-lab": lambda: story_vs_lab_markdown(),
             "replay-run": replay_run_line, "replay-throughput": replay_throughput_table,
-            "replay-shift": replay_shift_table, "bad-input": bad_input_table}
+            "replay-shift": replay_shift_table, "replay-devices": replay_devices_table, "bad-input": bad_input_table}
 
 
 def render(name: str) -> str:

@@ -192,6 +192,12 @@ def replay(run: str = "h200") -> dict:
         return json.load(f)
 
 
+def replays() -> list[str]:
+    """Names of the runs with a recorded replay (data/runs/<run>/reproduce/reproduce.json), "h200" first."""
+    found = sorted(p.parent.parent.name for p in (data_dir() / "runs").glob("*/reproduce/reproduce.json"))
+    return sorted(found, key=lambda r: r != "h200")
+
+
 def replay_table(name: str, run: str = "h200") -> pd.DataFrame:
     """One of the replay's tables ("throughput", "fits", "profile", "glue_ops", "decode", "story", ...)
     as a DataFrame."""

@@ -214,3 +214,16 @@ def test_story_glue_ops():
     assert list(ops)[:2] == ["aten::copy_", "aten::mul"] and all(op.startswith("aten::") for op in ops)
     text = runs.campaign("story_facts").set_index("figure").value["glue breakdown (op share of glue)"]
     assert all(f"{v:g}%" in text for v in ops.values())
+
+
+def test_every_recorded_replay_reads_and_names_its_device():
+    """Each data/runs/<run>/reproduce/ holds a whole replay: every stage at every C finite, on the
+    device its folder names."""
+    names = runs.replays()
+    assert names[0] == "h200" and "h100" in names
+    for run in names:
+        d = runs.replay(run)
+        assert run.upper() in d["environment"]["device"]["name"].replace(" ", "").upper()
+        tp = pd.DataFrame(d["tables"]["throughput"])
+        assert set(tp.stage) >= {"S0", "S1", "S2", "S3", "S4"} and set(tp.C) == set(d["concurrency"])
+        assert tp.finite.all() and (tp.tok_s > 0).all(), run
