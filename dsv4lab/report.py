@@ -74,6 +74,21 @@ def indexer_table(run: str = "h200") -> str:
     return "\n".join(lines)
 
 
+def indexer_step_targets(run: str = "h200") -> str:
+    """The whole indexer step's recorded run (logits + top-k, ``experiments/indexer_topk/run.py``):
+    its provenance and every target it was measured against."""
+    d = runs.load("indexer_step", run)
+    dev = d["device"]
+    lines = [f"Run {d['date'][:16]}Z on one {dev['name']} (torch {d['torch']}, triton {d['triton']}), "
+             f"`data/runs/{run}/indexer_step.json`:", "",
+             "| B = 32, 8192 live tokens a request unless said | measured | target | met |", "|---|---|---|---|"]
+    for r in d["rows"]:
+        if r["kind"] == "target":
+            lines.append(f"| {r['metric']} | {r['value']:.3g} | {r['cmp']} {r['target']:g} | "
+                         f"{'yes' if r['meets'] else '**no**'} |")
+    return "\n".join(lines)
+
+
 def replay_run_line(run: str = "h200") -> str:
     """What the recorded replay ran: date, device, versions, the model's share and layer mix."""
     d = runs.replay(run)
@@ -156,6 +171,7 @@ def bad_input_table() -> str:
 
 SECTIONS = {"decode-run": lambda: run_line("decode"), "decode-table": decode_table,
             "indexer-run": lambda: run_line("indexer"), "indexer-table": indexer_table,
+            "indexer-step": indexer_step_targets,
             "story-vs-lab": lambda: story_vs_lab_markdown(),
             "replay-run": replay_run_line, "replay-throughput": replay_throughput_table,
             "replay-shift": replay_shift_table, "replay-devices": replay_devices_table, "bad-input": bad_input_table}

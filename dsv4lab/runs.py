@@ -32,7 +32,9 @@ def _how_to_get(run: str, part: str) -> str:
     from .record import PARTS
     cmd = (f"record it on a GPU with `python -m dsv4lab record --out data/runs/{run}"
            + (f" --only {part}`" if part in PARTS else "`"))
-    if part not in PARTS and part != "device":
+    if part == "indexer_step":
+        cmd = f"write it on a GPU with `python experiments/indexer_topk/run.py data/runs/{run}/indexer_step.json`"
+    elif part not in PARTS and part != "device":
         cmd = "it is not written by `python -m dsv4lab record`"
     return f"restore the repository's copy (`git checkout -- data/runs/{run}/{part}.json`) or {cmd}"
 
@@ -60,7 +62,8 @@ def available() -> list[str]:
 
 
 def load(part: str, run: str = "h200") -> dict:
-    """One recorded part ("device", "checks", "decode", "tiles", "split", "indexer") as the JSON dict.
+    """One recorded part ("device", "checks", "decode", "tiles", "split", "indexer", "indexer_step") as
+    the JSON dict.
     A missing or unreadable file raises :class:`MissingData` naming it and how to get it."""
     folder = data_dir() / "runs" / run
     if not folder.is_dir():
@@ -300,6 +303,7 @@ PART_READERS = {
     "tiles": ["notebook 02", "experiments/tile_sweep"],
     "split": ["notebooks 02-03", "experiments/split_sweep"],
     "indexer": ["notebooks 04-05", "README"],
+    "indexer_step": ["notebook 05", "README"],
     "reproduce": ["notebook 04 (the glue's ops)", "notebooks 06-07", "README"],
     "launch_floor": ["notebook 03"],
 }

@@ -227,3 +227,17 @@ def test_every_recorded_replay_reads_and_names_its_device():
         tp = pd.DataFrame(d["tables"]["throughput"])
         assert set(tp.stage) >= {"S0", "S1", "S2", "S3", "S4"} and set(tp.C) == set(d["concurrency"])
         assert tp.finite.all() and (tp.tok_s > 0).all(), run
+
+
+def test_the_recorded_indexer_step_has_its_checks_and_targets():
+    """data/runs/h200/indexer_step.json (notebook 05, the README): every check passed exactly, and
+    every target row carries its value, comparison and verdict consistently."""
+    d = runs.load("indexer_step")
+    rows = pd.DataFrame(d["rows"])
+    checks = rows[rows.kind == "check"]
+    assert len(checks) >= 3 and checks.ok.all() and checks.exact.all()
+    targets = rows[rows.kind == "target"]
+    assert len(targets) >= 8
+    for r in targets.itertuples():
+        holds = r.value <= r.target if r.cmp == "<=" else r.value >= r.target
+        assert holds == bool(r.meets), r.metric
