@@ -84,7 +84,8 @@ def indexer_step_targets(run: str = "h200") -> str:
              "| B = 32, 8192 live tokens a request unless said | measured | target | met |", "|---|---|---|---|"]
     for r in d["rows"]:
         if r["kind"] == "target":
-            lines.append(f"| {r['metric']} | {r['value']:.3g} | {r['cmp']} {r['target']:g} | "
+            value = "-" if r.get("value") is None else f"{r['value']:.4g}"
+            lines.append(f"| {r['metric']} | {value} | {r['cmp']} {r['target']:g} | "
                          f"{'yes' if r['meets'] else '**no**'} |")
     return "\n".join(lines)
 
@@ -121,16 +122,20 @@ def replay_devices_table(C=(1, 32, 64)) -> str:
     the same model; each run's own date and versions in its line above the table)."""
     import pandas as pd
     names = runs.replays()
-    lines = []
+    if not names:
+        return "(no recorded replay under data/runs/*/reproduce/)"
+    lines, tok, stages = [], {}, []
     for run in names:
-        env = runs.replay(run)["environment"]
+        d = runs.replay(run)
+        env = d["environment"]
         lines.append(f"- `{run}`: {env['device']['name']}, {env['date'][:16]}Z, torch {env['torch']}, "
-                     f"triton {env['triton']}, {runs.replay(run)['elapsed_s']:.0f} s")
-    tok = {run: pd.DataFrame(runs.replay(run)["tables"]["throughput"]).pivot_table(
-        index="stage", columns="C", values="tok_s", sort=False) for run in names}
+                     f"triton {env['triton']}, {d['elapsed_s']:.0f} s")
+        tp = pd.DataFrame(d.get("tables", {}).get("throughput", []), columns=["stage", "C", "tok_s"])
+        tok[run] = tp.pivot_table(index="stage", columns="C", values="tok_s", sort=False)
+        stages += [st for st in tok[run].index if st not in stages]
     lines += ["", "| stage | " + " | ".join(f"tok/s C={c} {run}" for c in C for run in names) + " |",
               "|---|" + "---|" * (len(C) * len(names))]
-    for stage in tok[names[0]].index:
+    for stage in stages:
         cells = [_fmt(tok[run].loc[stage, c]) if stage in tok[run].index and c in tok[run].columns else "-"
                  for c in C for run in names]
         lines.append(f"| {stage} | " + " | ".join(cells) + " |")

@@ -217,27 +217,36 @@ def test_story_glue_ops():
 
 
 def test_every_recorded_replay_reads_and_names_its_device():
-    """Each data/runs/<run>/reproduce/ holds a whole replay: every stage at every C finite, on the
-    device its folder names."""
+    """Each data/runs/<run>/reproduce/ holds a whole replay on the device its folder names: every
+    stage it ran at every C it lists, each step finite, nothing skipped, not the CPU preset."""
     names = runs.replays()
     assert names[0] == "h200" and "h100" in names
     for run in names:
         d = runs.replay(run)
         assert run.upper() in d["environment"]["device"]["name"].replace(" ", "").upper()
+        assert not d["quick"] and not d["skipped"], run
         tp = pd.DataFrame(d["tables"]["throughput"])
-        assert set(tp.stage) >= {"S0", "S1", "S2", "S3", "S4"} and set(tp.C) == set(d["concurrency"])
-        assert tp.finite.all() and (tp.tok_s > 0).all(), run
+        stages = {s["name"] for s in d["stages_run"]}
+        assert stages >= {"S0", "S1", "S2", "S3", "S4"} and set(tp.stage) == stages, run
+        grid = tp.pivot(index="stage", columns="C", values="tok_s")
+        assert len(tp) == len(stages) * len(d["concurrency"]) and set(grid.columns) == set(d["concurrency"])
+        assert grid.notna().all().all() and (grid > 0).all().all() and tp.finite.all(), run
 
 
 def test_the_recorded_indexer_step_has_its_checks_and_targets():
-    """data/runs/h200/indexer_step.json (notebook 05, the README): every check passed exactly, and
-    every target row carries its value, comparison and verdict consistently."""
+    """data/runs/h200/indexer_step.json (notebook 05, the README): a whole run on an H200, every
+    check exact, the safety case flagged, every target's verdict consistent with its value, and
+    the same file as the study's run it was copied from."""
     d = runs.load("indexer_step")
+    assert "H200" in d["device"]["name"] and d["complete"] and not d["smoke"]
     rows = pd.DataFrame(d["rows"])
     checks = rows[rows.kind == "check"]
     assert len(checks) >= 3 and checks.ok.all() and checks.exact.all()
+    assert rows[rows.kind == "safety"].ok.all() and (rows.kind == "safety").any()
     targets = rows[rows.kind == "target"]
     assert len(targets) >= 8
     for r in targets.itertuples():
         holds = r.value <= r.target if r.cmp == "<=" else r.value >= r.target
         assert holds == bool(r.meets), r.metric
+    study = runs.experiments_dir() / "indexer_topk" / "h200_run23.json"
+    assert json.loads(study.read_text()) == d
