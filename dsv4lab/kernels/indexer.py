@@ -304,8 +304,9 @@ class PreparedStep:
         self.options = (LOGITS, TOPK)
         self.logits_shape, self.out_shape, self.device = (B, max_seq_len), (B, k), q.device
         g, scalars, consts = _logits_plan(q, index_cache, weights, page_table, max_seq_len, LOGITS, False)
+        fp8, f32 = index_cache.flat_views            # the cache's two pointers, as __call__ passes them
         self.logits = common.bind_launch(_indexer_kernel, g, scalars, consts, (
-            q.dtype, weights.dtype, torch.float8_e4m3fn, torch.float32, seq_lens.dtype, page_table.dtype, torch.float32))
+            q.dtype, weights.dtype, fp8.dtype, f32.dtype, seq_lens.dtype, page_table.dtype, torch.float32))
         self.topk = launches(B, max_seq_len, max_seq_len, k, TOPK,
                              (index_cache.num_pages, index_cache.page_size, page_table.stride(0)), q.device, bound=True)
 
