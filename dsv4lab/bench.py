@@ -111,12 +111,13 @@ def _empty_kernel(X):
         tl.store(X, 0)
 
 
-def launch_floor_us(programs: int | None = None) -> dict:
+def launch_floor_us(programs: int | None = None, *, in_graph: bool = False) -> dict:
     """What launches that do nothing cost as every decode time here is taken (do_bench median,
     L2 flushed, CUDA-graph replay; also eager): one launch of ``programs`` (default: one per SM)
-    and two back to back, like split-K's pair. The floor of the launch mechanism: the empty
-    kernel has 4 warps and no shared memory, so real kernels (8 warps, ~100-200 KB of shared
-    memory a block) cost somewhat more to start."""
+    and two back to back, like split-K's pair; with ``in_graph`` also the time per launch in one
+    graph of LAYERS launches (time_per_call_in_graph_ms). The floor of the launch mechanism: the
+    empty kernel has 4 warps and no shared memory, so real kernels (8 warps, ~100-200 KB of
+    shared memory a block) cost somewhat more to start."""
     x = torch.zeros(1, device="cuda")
     grid = (programs or info().sm_count,)
     one = lambda: _empty_kernel[grid](x)  # noqa: E731
@@ -129,10 +130,14 @@ def launch_floor_us(programs: int | None = None) -> dict:
     # a first pass in a process once measured one launch above two (10.3 vs 5.3 us): warm up,
     # interleave the shapes over three passes and keep each one's lowest median
     runs = {"one_launch_graph_us": [], "two_launches_graph_us": [], "one_launch_eager_us": []}
+    if in_graph:
+        runs["per_launch_in_graph_us"] = []
     for _ in range(3):
         runs["one_launch_graph_us"].append(time_ms(one, graph=True) * 1e3)
         runs["two_launches_graph_us"].append(time_ms(two, graph=True) * 1e3)
         runs["one_launch_eager_us"].append(time_ms(one) * 1e3)
+        if in_graph:
+            runs["per_launch_in_graph_us"].append(time_per_call_in_graph_ms([one] * LAYERS) * 1e3)
     return {**{k: min(v) for k, v in runs.items()},
             "how": f"empty kernel (4 warps, no shared memory), {grid[0]} programs; do_bench median, L2 flushed; "
                    f"lowest of 3 interleaved passes"}

@@ -21,6 +21,15 @@ it landed, and load its scale words. TB/s counts the bytes once. With --cpu-smok
 without a GPU) one tiny case runs in the interpreter and the sums are checked against torch; the
 TMA rows need a GPU (Gluon has no interpreter) and run in a child process with a time limit
 (``--tma-child``), since a kernel that never ran may hang.
+
+``--parts floor`` (small B: ``--parts floor --batches 1 2 4 8 16 32``) asks what one launch at small
+B cannot go below. ``_decode_bytes`` reads what a program of a one-launch split decode must read
+(its slice of the index row, those tokens' bytes, all of Q[b]) and writes what such a launch
+writes (its share of out[b]'s columns for every head), with the decode's dependency chain (the
+stores wait for the gathered bytes) and nothing else: no dequant, no products, no merge. It runs
+at 8-64 tokens a program, one-call graph and per call in a graph of 8 (each call on its own copy
+of the inputs), beside the empty launch's two figures and, from the same run, the decode impls
+``hopper``, ``splitk_auto`` and ``auto`` (GPU only).
 """
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 
@@ -38,6 +47,7 @@ from dsv4lab.testing import make_decode_inputs
 QUESTION = "hopper_decode"
 K, CTX, PAGE = 512, 8192, 64
 TOKEN_BYTES = 576 + 8
+PARTS = ("gather", "per_sm", "tma", "floor")
 
 
 @triton.jit
@@ -78,6 +88,27 @@ def _gather_loop(IDX, KV32, OUT, n_chunks, num_tokens, CHUNK_T: tl.constexpr, PA
         x, r, e = _token_words(KV32, tl.load(IDX + t), num_tokens, PAGE_SIZE, PAGE_WORDS)
         acc += tl.sum(x, 1) + tl.sum(r, 1) + tl.sum(e, 1)
     tl.store(OUT + p, tl.sum(acc, 0))
+
+
+@triton.jit
+def _decode_bytes(IDX, KV32, Q32, OUT16, K, num_tokens, H, BLOCK_T: tl.constexpr, Q_WORDS: tl.constexpr,
+                  H_P2: tl.constexpr, COLS: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_WORDS: tl.constexpr):
+    """Program (b, s) of a one-launch split decode, its bytes only: indices s*BLOCK_T.., their
+    tokens' words and all of Q[b] (every slice needs every head's query), summed; then columns
+    s*COLS.. of out[b] for every head, each holding the sum's low 14 bits (a finite bf16), so the
+    stores wait for the gather."""
+    b = tl.program_id(0)
+    s = tl.program_id(1)
+    t = s * BLOCK_T + tl.arange(0, BLOCK_T)
+    tok = tl.load(IDX + b * K + t, mask=t < K, other=-1)
+    w = tl.arange(0, Q_WORDS)
+    q = tl.load(Q32 + b * (H * 256) + w, mask=w < H * 256, other=0)
+    x, r, e = _token_words(KV32, tok, num_tokens, PAGE_SIZE, PAGE_WORDS)
+    acc = tl.sum(tl.sum(x, 1), 0) + tl.sum(tl.sum(r, 1), 0) + tl.sum(tl.sum(e, 1), 0) + tl.sum(q, 0)
+    h = tl.arange(0, H_P2)[:, None]
+    c = s * COLS + tl.arange(0, COLS)[None, :]
+    val = tl.zeros([H_P2, COLS], tl.int32) + (acc & 0x3FFF)
+    tl.store(OUT16 + (b * H + h) * 512 + c, val.to(tl.int16), mask=h < H)
 
 
 if hopper.gluon is not None:
@@ -195,6 +226,55 @@ def gather(idx, kv32, out, num_tokens, block_t):
                                              PAGE_SIZE=PAGE, PAGE_WORDS=page_bytes(PAGE) // 4, num_warps=4)
 
 
+def decode_bytes(idx, kv32, q, out, num_tokens, block_t):
+    """_decode_bytes over a [B, H, 512] bf16 q and out; K must be a multiple of block_t."""
+    B, H, _ = q.shape
+    _decode_bytes[(B, K // block_t)](idx, kv32, q.view(torch.int32), out.view(torch.int16), K, num_tokens, H,
+                                     BLOCK_T=block_t, Q_WORDS=triton.next_power_of_2(H * 256),
+                                     H_P2=triton.next_power_of_2(H), COLS=512 * block_t // K, PAGE_SIZE=PAGE,
+                                     PAGE_WORDS=page_bytes(PAGE) // 4, num_warps=8)
+
+
+def decode_bytes_expected(idx, kv32, q, block_t):
+    """The out _decode_bytes writes, from torch: [B, H, 512] int16."""
+    B, H, _ = q.shape
+    total = expected(idx, kv32, block_t).to(torch.int64) + q.view(torch.int32).to(torch.int64).sum((1, 2))[:, None]
+    bits = (total & 0x3FFF).to(torch.int16)                          # the low 14 bits, as the kernel's int32
+    return bits.repeat_interleave(512 * block_t // K, dim=1)[:, None, :].expand(B, H, 512)
+
+
+def floor_rows(B, inp, smoke) -> list[dict]:
+    """The small-B floor of one B: _decode_bytes at 8-64 tokens a program, then the decode impls
+    (GPU), one-call graph and per call in a graph of bench.LAYERS calls, each on its own copy."""
+    copies = bench.layer_copies(inp, 2 if smoke else bench.LAYERS)
+    views = [(x.indices.contiguous(), x.cache.byte_views[1].view(torch.int32), x.q,
+              torch.empty_like(x.q), token_limit(x.cache)) for x in copies]
+    rows = []
+    for bt in ([8, 64] if smoke else [8, 16, 32, 64]):
+        idx, kv32, q, out, ntok = views[0]
+        out.fill_(-1)
+        decode_bytes(idx, kv32, q, out, ntok, bt)
+        ok = bool(torch.equal(out.view(torch.int16), decode_bytes_expected(idx, kv32, q, bt)))
+        one = ab.time_us(lambda: decode_bytes(idx, kv32, q, out, ntok, bt), smoke)
+        many = ab.time_in_graph_us([lambda v=v: decode_bytes(*v[:4], v[4], bt) for v in views], smoke)
+        rows.append(dict(kind="decode_bytes_floor", B=B, H=inp.q.shape[1], tokens_per_program=bt,
+                         programs=B * (K // bt), bytes=B * (K * TOKEN_BYTES + 2 * inp.q[0].numel() * 2),
+                         graph_us=one, graph_layer_us=many, layers=len(views), ok=ok))
+        print(rows[-1], flush=True)
+    if smoke:
+        return rows
+    for impl in ("hopper", "splitk_auto", "auto"):
+        row = dict(kind="decode", impl=impl, B=B)
+        try:
+            got = bench.decode_row(impl, inp, eager=False, layer_inputs=copies)
+            row.update(graph_us=got["graph_us"], graph_layer_us=got.get("graph_layer_us"), layers=got.get("layers"))
+        except Exception as e:  # noqa: BLE001  (an impl that cannot run here is a row)
+            row["error"] = f"{type(e).__name__}: {e}"[:300]
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
 def expected(idx, kv32, block_t):
     """The sums in torch (int64, wrapped to int32 as the kernel's adds wrap)."""
     B = idx.shape[0]
@@ -254,11 +334,17 @@ def main(argv=None):
     def options(p):
         p.add_argument("--batches", type=int, nargs="+", default=[32, 128])
         p.add_argument("--tma-child", action="store_true", help="only the TMA rows (the child process of a run)")
+        p.add_argument("--parts", nargs="+", choices=PARTS, default=["gather", "per_sm", "tma"],
+                       help="which rows to run (a smoke run runs them all)")
     a = ab.parse_args(__doc__, options, argv)
+    parts = PARTS if a.smoke else a.parts
     rows = []
     if not a.smoke and not a.tma_child:
-        rows.append(dict(kind="launch_floor", **bench.launch_floor_us()))
+        rows.append(dict(kind="launch_floor", **bench.launch_floor_us(in_graph="floor" in parts)))
     for B in ([2] if a.smoke else a.batches):
+        if "floor" in parts and not a.tma_child:
+            rows += floor_rows(B, make_decode_inputs(B, 4 if a.smoke else 64, K, context=CTX, page_size=PAGE,
+                                                     seed=B), a.smoke)
         inp = make_decode_inputs(B, 4, K, context=CTX, page_size=PAGE, seed=B)
         kv32 = inp.cache.byte_views[1].view(torch.int32)
         ntok = token_limit(inp.cache)
@@ -269,7 +355,7 @@ def main(argv=None):
             continue
         seq = (torch.arange(B, device=rand.device, dtype=torch.int32)[:, None] * CTX
                + torch.arange(K, device=rand.device, dtype=torch.int32)[None, :]).contiguous()
-        for order, idx in (("random", rand), ("sequential", seq)):
+        for order, idx in (("random", rand), ("sequential", seq)) if "gather" in parts else ():
             for bt in ([8] if a.smoke else [8, 16, 32, 64]):
                 out = torch.empty(B * triton.cdiv(K, bt), dtype=torch.int32, device=rand.device)
                 gather(idx, kv32, out, ntok, bt)
@@ -281,7 +367,7 @@ def main(argv=None):
                                  sums_match=ok))
                 print(rows[-1], flush=True)
         # one program an SM, as the hopper producer: the bandwidth one chunk in flight at a time gives
-        for warps in ([4] if a.smoke else [4, 8]):
+        for warps in ([4] if a.smoke else [4, 8]) if "per_sm" in parts else ():
             for ct in ([16] if a.smoke else [16, 32, 64]):
                 out = torch.empty(progs, dtype=torch.int32, device=rand.device)
                 gather_loop(rand, kv32, out, ntok, ct, warps)
@@ -294,9 +380,9 @@ def main(argv=None):
                 print(rows[-1], flush=True)
         # the same walk with the bytes in flight in shared memory, copied by TMA (sm_90, Gluon)
         why = hopper.unavailable_reason()
-        if why:
+        if "tma" in parts and why:
             rows.append(dict(kind="gather_tma_per_sm", B=B, skipped=why))
-        else:
+        elif "tma" in parts:
             rows += tma_rows_in_child(B)
         ab.write(a.out, QUESTION, a.smoke, K=K, context=CTX, rows=rows, complete=False)
     ab.write(a.out, QUESTION, a.smoke, K=K, context=CTX, rows=rows, complete=True)
