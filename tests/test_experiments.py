@@ -27,6 +27,7 @@ RUNNABLE = {
     "hopper_decode/run.py": [],
     "hopper_decode/clocks.py": [],
     "hopper_decode/gather_roofline.py": [],
+    "hopper_decode/cluster_probe.py": [],
     "hopper_decode/stalls.py": [],
     "indexer_page_loop/indexer_sweep.py": [],
     "indexer_topk/run.py": [],

@@ -1,0 +1,150 @@
+"""Can the split slices of one request run as a thread-block cluster in Triton's Gluon, each CTA on
+its own slice, so the merge happens in the same launch? A compile-only probe (no GPU needed).
+
+    python experiments/hopper_decode/cluster_probe.py OUT.json
+
+The single-launch merge designed in the README ("Small B: one launch for the whole call?") puts a
+request's NSPLIT slices in one cluster: each CTA computes its own slice's partial, a hardware
+cluster barrier replaces the in-memory one, and the merge reads the peers' partials. Triton
+launches clusters through ``num_ctas`` (the launcher sets the cluster dimension to it), and with
+num_ctas > 1 a Gluon layout says how the cluster's CTAs share a tensor (``cga_layout``). This
+compiles, for sm_90a with the installed triton and its ptxas:
+
+* a small kernel at num_ctas = 2 whose tensors are replicated on both CTAs (a zero basis), each
+  CTA storing a row named by its own ``%cluster_ctarank`` after an inline-asm cluster barrier:
+  what ``program_id`` reads, and whether Triton predicates the store;
+* the same with the store written as inline PTX;
+* the shipped hopper kernel at num_ctas = 2, as it is.
+
+Each row records what the PTX shows; ``--cpu-smoke`` (what CI runs) does the same, as nothing
+here needs a GPU.
+"""
+import dsv4lab  # noqa: F401  (first: it decides the mode)
+
+import re
+
+import triton
+from triton.backends.compiler import GPUTarget
+
+from dsv4lab import ab
+from dsv4lab import compile_report as cr
+from dsv4lab.cache import page_bytes
+from dsv4lab.kernels import hopper
+
+QUESTION = "hopper_decode"
+gluon, gl = hopper.gluon, hopper.gl
+
+if gluon is not None:
+    _REPLICATED = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0], cga_layout=[[0]]))
+    _RANK = gl.constexpr("mov.u32 $0, %cluster_ctarank;")
+    _BARRIER = gl.constexpr("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n"
+                            "mov.u32 $0, 0;")
+    _STORE = gl.constexpr("st.global.b32 [$1], $2;\nmov.u32 $0, 0;")
+
+    @gluon.jit
+    def _rank_rows(X, Y, ASM_STORE: gl.constexpr):
+        """Each CTA of a 2-CTA cluster stores X + its rank into row 2 * program_id + rank of Y."""
+        rank = gl.inline_asm_elementwise(_RANK, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        offs = gl.arange(0, 128, layout=_REPLICATED)
+        x = gl.load(X + offs)
+        zero = gl.inline_asm_elementwise(_BARRIER, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        ptr = Y + (gl.program_id(0) * 2 + rank + zero) * 128 + offs
+        if ASM_STORE:
+            gl.inline_asm_elementwise(_STORE, "=r,l,r", [ptr, x + rank], dtype=gl.int32, is_pure=False, pack=1)
+        else:
+            gl.store(ptr, x + rank)
+
+
+def _compile(fn, sig: dict, constexprs: dict, num_warps: int, **options):
+    from triton.experimental.gluon._runtime import GluonASTSource
+    names = fn.arg_names
+    src = GluonASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in constexprs.items()})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, **options))
+
+
+def special_registers_behind(body: str, reg: str) -> set:
+    """The special registers (%tid.x, %cluster_ctarank, ...) a PTX register's value is computed from:
+    its defining instructions followed back through their source operands."""
+    defs: dict[str, list[str]] = {}
+    for line in body.splitlines():
+        m = re.match(r"\s*(?:@!?%p\d+\s+)?[a-z][\w.:]*\s+(%\w+)\s*,\s*(.*?);", line)
+        if m:
+            defs.setdefault(m.group(1), []).append(m.group(2))
+    seen, todo, found = set(), [reg], set()
+    while todo:
+        r = todo.pop()
+        if r in seen:
+            continue
+        seen.add(r)
+        for operands in defs.get(r, []):
+            found.update(re.findall(r"%(?:cluster_ctarank|clusterid\.\w|ctaid\.\w|tid\.\w|cluster_nctarank)", operands))
+            todo += re.findall(r"%(?:p|r|rd)\d+", operands)
+    return found
+
+
+def small_kernel_row(asm_store: bool) -> dict:
+    k = _compile(_rank_rows, {"X": "*i32", "Y": "*i32", "ASM_STORE": "constexpr"}, {"ASM_STORE": asm_store}, 4,
+                 num_ctas=2)
+    ptx = k.asm["ptx"]
+    body = ptx[ptx.find(".entry"):]
+    body = body[:body.find("$L__func_end0")]
+    store = next(line.strip() for line in body.splitlines() if "st.global" in line)
+    pred = re.match(r"@!?(%p\d+)", store)
+    return dict(kind="cluster_compile", kernel="rank_rows", store="inline PTX" if asm_store else "gl.store",
+                num_ctas=2, cluster_in_ptx=re.findall(r"\.reqnctapercluster \d+", ptx),
+                program_id_reads="%clusterid.x" if "%clusterid.x" in body else "%ctaid.x" if "%ctaid.x" in body
+                else "derived from %cluster_ctarank",
+                store_instruction=store, store_predicated=bool(pred),
+                predicate_reads=sorted(special_registers_behind(body, pred.group(1))) if pred else [],
+                cluster_barrier=bool(re.search(r"barrier\.cluster\.arrive\.release", body)),
+                ptxas_ok=cr.report(k, 90)["ptxas_ok"])
+
+
+def compile_hopper_clustered():
+    """The shipped hopper kernel compiled at num_ctas = 2 (raises what the compiler refuses)."""
+    c = dict(TRACED=False, ABLATE=0, PAGE_SIZE=64, PAGE_BYTES=page_bytes(64), HAS_TOPK_LEN=True, HAS_SINK=False,
+             BLOCK_H=hopper.BLOCK_H, BLOCK_N=hopper.BLOCK_N, NUM_BUF=hopper.NUM_BUF, CHUNK=hopper.CHUNK,
+             PRODUCER_WARPS=hopper.PRODUCER_WARPS, PRODUCER_REGS=hopper.PRODUCER_REGS, D=512, NOPE=448,
+             num_warps=hopper.NUM_WARPS)
+    ptrs = {"Q": "*bf16", "O": "*bf16", "KV_BF16": "*bf16", "KV_U8": "*u8", "SINK": "*fp32", "LSE": "*fp32",
+            "TRACE": "*i64", "IDX": "*i32", "TOPK_LEN": "*i32", "ERR": "*i32", "qk_scale": "fp32"}
+    sig = {n: "constexpr" if n in c else ptrs.get(n, "i32") for n in hopper._hopper_decode_kernel.arg_names}
+    _compile(hopper._hopper_decode_kernel, sig, c, hopper.NUM_WARPS, num_ctas=2, num_stages=1, maxnreg=hopper.MAXNREG)
+
+
+def hopper_row() -> dict:
+    """compile_hopper_clustered in a child process in compile mode (the interpreter's functions do
+    not compile): the compiler's diagnostics go to the process's stderr, not into the exception."""
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env.update(DSV4LAB_MODE="compile", PYTHONPATH=os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])]))
+    r = subprocess.run([sys.executable, __file__, "unused.json", "--hopper-child"], capture_output=True, text=True,
+                       timeout=600, env=env)
+    row = dict(kind="cluster_compile", kernel="hopper (shipped layouts)", num_ctas=2, compiles=r.returncode == 0)
+    if r.returncode != 0:
+        found = re.search(r"Layout has \d+ CTAs per CGA, but the context requires \d+ CTAs per CGA", r.stderr)
+        row["refusal"] = found.group(0) if found else r.stderr.strip().splitlines()[-1][:300]
+    return row
+
+
+def main(argv=None):
+    a = ab.parse_args(__doc__, lambda p: p.add_argument("--hopper-child", action="store_true",
+                                                         help="only compile the hopper kernel (hopper_row's child)"),
+                      argv)
+    if a.hopper_child:
+        compile_hopper_clustered()
+        return
+    if gluon is None:
+        rows = [dict(kind="cluster_compile", skipped=hopper.GLUON_ERROR)]
+    else:
+        rows = [small_kernel_row(False), small_kernel_row(True), hopper_row()]
+    for r in rows:
+        print(r, flush=True)
+    ab.write(a.out, QUESTION, a.smoke, triton=triton.__version__, rows=rows, complete=True)
+
+
+if __name__ == "__main__":
+    main()
