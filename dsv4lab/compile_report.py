@@ -36,8 +36,9 @@ _DIV16 = {"stride_qb", "stride_qh", "stride_ib", "stride_ob", "stride_oh", "K",
 
 
 def compile_kernel(fn, constexprs: dict, *, num_warps=4, num_stages=2, arch=90, fp32_args=("qk_scale",),
-                   ptr_types=None, maxnreg=None):
-    """triton.compile ``fn`` for sm_``arch``; returns the compiled kernel (asm dict inside)."""
+                   ptr_types=None, maxnreg=None, num_ctas=1):
+    """triton.compile ``fn`` for sm_``arch``; returns the compiled kernel (asm dict inside).
+    ``num_ctas`` > 1: a launch of thread-block clusters of that many CTAs (sm_90+)."""
     ptr_types = {**_PTR, **(ptr_types or {})}
     names = fn.arg_names
     sig, attrs = {}, {}
@@ -59,7 +60,8 @@ def compile_kernel(fn, constexprs: dict, *, num_warps=4, num_stages=2, arch=90, 
     src = source(fn, sig, constexprs={(names.index(k),): v for k, v in constexprs.items()}, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32),
                           options=dict(num_warps=num_warps, num_stages=num_stages,
-                                       **({"maxnreg": maxnreg} if maxnreg else {})))
+                                       **({"maxnreg": maxnreg} if maxnreg else {}),
+                                       **({"num_ctas": num_ctas} if num_ctas != 1 else {})))
 
 
 def report(kernel, arch=90) -> dict:

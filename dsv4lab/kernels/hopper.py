@@ -530,6 +530,21 @@ def sparse_decode_hopper(q, cache, indices, *, topk_len, sm_scale, attn_sink, ns
     return finish(out), lse
 
 
+def compile_kernel(*, page_size: int = 64, has_topk_len: bool = True, has_sink: bool = False, arch: int = 90,
+                   num_ctas: int = 1):
+    """The kernel compiled as ``launch`` compiles it (compile_report.compile_kernel: no GPU needed,
+    ``DSV4LAB_MODE=compile``); ``num_ctas`` > 1 asks for clusters of that many CTAs."""
+    from .. import compile_report as cr
+    from ..cache import page_bytes
+    if GLUON_ERROR is not None:
+        raise ValueError(f"triton.experimental.gluon could not be imported ({GLUON_ERROR})")
+    c = dict(TRACED=False, ABLATE=0, PAGE_SIZE=page_size, PAGE_BYTES=page_bytes(page_size), HAS_TOPK_LEN=has_topk_len,
+             HAS_SINK=has_sink, BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, NUM_BUF=NUM_BUF, CHUNK=CHUNK,
+             PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS, D=512, NOPE=448, num_warps=NUM_WARPS)
+    return cr.compile_kernel(_hopper_decode_kernel, c, num_warps=NUM_WARPS, num_stages=1, arch=arch, maxnreg=MAXNREG,
+                             num_ctas=num_ctas)
+
+
 def compile_report(*, split: bool = False, page_size: int = 64, has_topk_len: bool = True,
                    has_sink: bool = False, arch: int = 90) -> dict:
     """The compiler's resource report (compile_report.report: registers, spills, shared memory,
@@ -537,13 +552,7 @@ def compile_report(*, split: bool = False, page_size: int = 64, has_topk_len: bo
     kernel as ``launch`` compiles it, without a GPU (``DSV4LAB_MODE=compile``). ``split``: the
     launch writes bf16 partials."""
     from .. import compile_report as cr
-    from ..cache import page_bytes
-    if GLUON_ERROR is not None:
-        raise ValueError(f"triton.experimental.gluon could not be imported ({GLUON_ERROR})")
-    c = dict(TRACED=False, ABLATE=0, PAGE_SIZE=page_size, PAGE_BYTES=page_bytes(page_size), HAS_TOPK_LEN=has_topk_len,
-             HAS_SINK=has_sink and not split, BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, NUM_BUF=NUM_BUF, CHUNK=CHUNK,
-             PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS, D=512, NOPE=448, num_warps=NUM_WARPS)
-    k = cr.compile_kernel(_hopper_decode_kernel, c, num_warps=NUM_WARPS, num_stages=1, arch=arch, maxnreg=MAXNREG)
+    k = compile_kernel(page_size=page_size, has_topk_len=has_topk_len, has_sink=has_sink and not split, arch=arch)
     return {"kernel": "hopper", "split": split, "block_h": BLOCK_H, "block_n": BLOCK_N, "num_buf": NUM_BUF,
             "chunk": CHUNK, "num_warps": NUM_WARPS, "producer_warps": PRODUCER_WARPS,
             "producer_regs": PRODUCER_REGS, "maxnreg": MAXNREG, "arch": arch, "triton": triton.__version__,

@@ -24,11 +24,9 @@ import dsv4lab  # noqa: F401  (first: it decides the mode)
 import re
 
 import triton
-from triton.backends.compiler import GPUTarget
 
 from dsv4lab import ab
 from dsv4lab import compile_report as cr
-from dsv4lab.cache import page_bytes
 from dsv4lab.kernels import hopper
 
 QUESTION = "hopper_decode"
@@ -55,13 +53,6 @@ if gluon is not None:
             gl.store(ptr, x + rank)
 
 
-def _compile(fn, sig: dict, constexprs: dict, num_warps: int, **options):
-    from triton.experimental.gluon._runtime import GluonASTSource
-    names = fn.arg_names
-    src = GluonASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in constexprs.items()})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, **options))
-
-
 def special_registers_behind(body: str, reg: str) -> set:
     """The special registers (%tid.x, %cluster_ctarank, ...) a PTX register's value is computed from:
     its defining instructions followed back through their source operands."""
@@ -83,8 +74,7 @@ def special_registers_behind(body: str, reg: str) -> set:
 
 
 def small_kernel_row(asm_store: bool) -> dict:
-    k = _compile(_rank_rows, {"X": "*i32", "Y": "*i32", "ASM_STORE": "constexpr"}, {"ASM_STORE": asm_store}, 4,
-                 num_ctas=2)
+    k = cr.compile_kernel(_rank_rows, {"ASM_STORE": asm_store}, ptr_types={"X": "*i32", "Y": "*i32"}, num_ctas=2)
     ptx = k.asm["ptx"]
     body = ptx[ptx.find(".entry"):]
     body = body[:body.find("$L__func_end0")]
@@ -100,20 +90,8 @@ def small_kernel_row(asm_store: bool) -> dict:
                 ptxas_ok=cr.report(k, 90)["ptxas_ok"])
 
 
-def compile_hopper_clustered():
-    """The shipped hopper kernel compiled at num_ctas = 2 (raises what the compiler refuses)."""
-    c = dict(TRACED=False, ABLATE=0, PAGE_SIZE=64, PAGE_BYTES=page_bytes(64), HAS_TOPK_LEN=True, HAS_SINK=False,
-             BLOCK_H=hopper.BLOCK_H, BLOCK_N=hopper.BLOCK_N, NUM_BUF=hopper.NUM_BUF, CHUNK=hopper.CHUNK,
-             PRODUCER_WARPS=hopper.PRODUCER_WARPS, PRODUCER_REGS=hopper.PRODUCER_REGS, D=512, NOPE=448,
-             num_warps=hopper.NUM_WARPS)
-    ptrs = {"Q": "*bf16", "O": "*bf16", "KV_BF16": "*bf16", "KV_U8": "*u8", "SINK": "*fp32", "LSE": "*fp32",
-            "TRACE": "*i64", "IDX": "*i32", "TOPK_LEN": "*i32", "ERR": "*i32", "qk_scale": "fp32"}
-    sig = {n: "constexpr" if n in c else ptrs.get(n, "i32") for n in hopper._hopper_decode_kernel.arg_names}
-    _compile(hopper._hopper_decode_kernel, sig, c, hopper.NUM_WARPS, num_ctas=2, num_stages=1, maxnreg=hopper.MAXNREG)
-
-
 def hopper_row() -> dict:
-    """compile_hopper_clustered in a child process in compile mode (the interpreter's functions do
+    """hopper.compile_kernel(num_ctas=2) in a child process in compile mode (the interpreter's functions do
     not compile): the compiler's diagnostics go to the process's stderr, not into the exception."""
     import os
     import subprocess
@@ -132,10 +110,10 @@ def hopper_row() -> dict:
 
 def main(argv=None):
     a = ab.parse_args(__doc__, lambda p: p.add_argument("--hopper-child", action="store_true",
-                                                         help="only compile the hopper kernel (hopper_row's child)"),
+                                                         help="only compile the hopper kernel at num_ctas=2 (hopper_row's child)"),
                       argv)
     if a.hopper_child:
-        compile_hopper_clustered()
+        hopper.compile_kernel(num_ctas=2)
         return
     if gluon is None:
         rows = [dict(kind="cluster_compile", skipped=hopper.GLUON_ERROR)]
