@@ -16,12 +16,17 @@ compiles, for sm_90a with the installed triton and its ptxas:
 * the same with the store written as inline PTX;
 * the shipped hopper kernel at num_ctas = 2, as it is.
 
-Each row records what the PTX shows; ``--cpu-smoke`` (what CI runs) does the same, as nothing
-here needs a GPU.
+Each row records what the PTX shows. The compiles run in a child process in compile mode
+(``--compile-child``), whatever this process's mode; ``--cpu-smoke`` (what CI runs) does the same,
+as nothing here needs a GPU.
 """
 import dsv4lab  # noqa: F401  (first: it decides the mode)
 
+import json
+import os
 import re
+import subprocess
+import sys
 
 import triton
 
@@ -90,35 +95,41 @@ def small_kernel_row(asm_store: bool) -> dict:
                 ptxas_ok=cr.report(k, 90)["ptxas_ok"])
 
 
-def hopper_row() -> dict:
-    """hopper.compile_kernel(num_ctas=2) in a child process in compile mode (the interpreter's functions do
-    not compile): the compiler's diagnostics go to the process's stderr, not into the exception."""
-    import os
-    import subprocess
-    import sys
+def compile_rows():
+    """The compiles, in this process (compile mode): the two small-kernel rows printed as JSON lines,
+    then the shipped kernel at num_ctas = 2, which raises what the compiler refuses."""
+    for asm_store in (False, True):
+        print(json.dumps(small_kernel_row(asm_store)), flush=True)
+    hopper.compile_kernel(num_ctas=2)
+
+
+def rows_from_child() -> list[dict]:
+    """compile_rows in a child process in compile mode: compile_report's compiles need Triton out of
+    interpreter mode, and the compiler's diagnostics go to the process's stderr, not into the
+    exception."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env.update(DSV4LAB_MODE="compile", PYTHONPATH=os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])]))
-    r = subprocess.run([sys.executable, __file__, "unused.json", "--hopper-child"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, __file__, "unused.json", "--compile-child"], capture_output=True, text=True,
                        timeout=600, env=env)
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    if len(rows) != 2:                    # the small kernels must compile: their failure is no finding
+        raise RuntimeError(f"the small kernels did not compile: {r.stderr[-2000:]}")
     row = dict(kind="cluster_compile", kernel="hopper (shipped layouts)", num_ctas=2, compiles=r.returncode == 0)
     if r.returncode != 0:
         found = re.search(r"Layout has \d+ CTAs per CGA, but the context requires \d+ CTAs per CGA", r.stderr)
         row["refusal"] = found.group(0) if found else r.stderr.strip().splitlines()[-1][:300]
-    return row
+    return rows + [row]
 
 
 def main(argv=None):
-    a = ab.parse_args(__doc__, lambda p: p.add_argument("--hopper-child", action="store_true",
-                                                         help="only compile the hopper kernel at num_ctas=2 (hopper_row's child)"),
+    a = ab.parse_args(__doc__, lambda p: p.add_argument("--compile-child", action="store_true",
+                                                         help="only the compiles, rows on stdout (rows_from_child's child)"),
                       argv)
-    if a.hopper_child:
-        hopper.compile_kernel(num_ctas=2)
+    if a.compile_child:
+        compile_rows()
         return
-    if gluon is None:
-        rows = [dict(kind="cluster_compile", skipped=hopper.GLUON_ERROR)]
-    else:
-        rows = [small_kernel_row(False), small_kernel_row(True), hopper_row()]
+    rows = [dict(kind="cluster_compile", skipped=hopper.GLUON_ERROR)] if gluon is None else rows_from_child()
     for r in rows:
         print(r, flush=True)
     ab.write(a.out, QUESTION, a.smoke, triton=triton.__version__, rows=rows, complete=True)
