@@ -99,7 +99,7 @@ def main(argv=None):
     prp = sub.add_parser("reproduce", help="the campaign replayed on a synthetic DSv4-Flash decode step: "
                                            "profile shifts and throughput per stage (dsv4lab.replay)")
     prp.add_argument("--quick", action="store_true", help="the CPU preset's small shapes (what a CPU runs anyway)")
-    prp.add_argument("--stages", nargs="+", help="stage names (default all: S0 S1 S2 S3 S4 S1best S0cap S3cap)")
+    prp.add_argument("--stages", nargs="+", help="stage names (default all: S0 S1 S2 S3 S4 S1stop S1best S1cap S0cap S3cap)")
     prp.add_argument("--out", default="reproduce", help="folder for the tables, plots and JSON")
     prp.add_argument("--budget-s", type=float, help="GPU: start no new work after this many seconds (default 520)")
     prp.add_argument("--no-compile", action="store_true", help="skip the torch.compile lesson")

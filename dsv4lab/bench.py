@@ -161,7 +161,8 @@ def impl_launch(impl: str, B: int, H: int, K: int):
     """The planning.Launch a tensor-core impl takes for this shape."""
     from .kernels import head_batched, split_k
     from .planning import STORY_TILES, Launch
-    return {"mma_story": lambda: Launch(STORY_TILES), "mma": lambda: head_batched.mma_launch(B, H, K),
+    return {"mma_story": lambda: Launch(STORY_TILES), "mma_story_stop": lambda: Launch(STORY_TILES),
+            "mma": lambda: head_batched.mma_launch(B, H, K),
             "splitk": lambda: split_k.splitk_launch(B, H, K),
             "splitk_auto": lambda: split_k.auto_launch(B, H, K)}[impl]()
 

@@ -167,6 +167,7 @@ class Ceilings:
     copy_tb_s: float | None
     bf16_tflops: float | None
     how: str
+    fp32_tflops: float | None = None      # CUDA cores: an fp32 matmul with TF32 off
 
     @property
     def ridge_flop_per_byte(self) -> float | None:
@@ -200,18 +201,39 @@ def ceilings() -> Ceilings:
     b = torch.randn(s, s, device="cuda", dtype=torch.bfloat16)
     ms = do_bench(lambda: a @ b, warmup=100, rep=500, return_mode="median")
     mm = 2 * s**3 / (ms * 1e-3) / 1e12
+    a, b = a.float(), b.float()
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False      # the CUDA cores, not TF32 tensor cores
+    try:
+        ms = do_bench(lambda: a @ b, warmup=5, rep=200, return_mode="median")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    fp32 = 2 * s**3 / (ms * 1e-3) / 1e12
     del a, b
     torch.cuda.empty_cache()
     return Ceilings(round(copy, 3), round(mm, 1),
-                    "do_bench median: 1 GiB D2D copy (read+write); 8192^3 bf16 matmul, random data")
+                    "do_bench median: 1 GiB D2D copy (read+write); 8192^3 bf16 matmul, random data; "
+                    "8192^3 fp32 matmul with TF32 off (CUDA cores)", round(fp32, 1))
 
 
-#: Devices the lab plans for but may not have. The RTX PRO 6000 row is the
-#: story's node, from its public limits; nothing here was measured by the lab.
+#: Devices the lab plans for but may not have: datasheet figures (``source``), nothing measured by
+#: the lab. The RTX PRO 6000 row is the story's node; its bf16 figure is derived from the datasheet's
+#: "4,000 AI TOPS" (FP4 with 2:4 sparsity): halved for dense, halved per precision step to bf16.
 KNOWN_DEVICES = {
+    "NVIDIA H100 80GB HBM3": dict(sm_count=132, capability="9.0", smem_per_block=232_448,
+                                  hbm_tb_s_datasheet=3.35, bf16_tflops_datasheet=989, fp32_tflops_datasheet=67,
+                                  source="NVIDIA H100 Tensor Core GPU datasheet, SXM5: 67 TFLOPS FP32, "
+                                         "989 TFLOPS BF16 dense, 3.35 TB/s HBM3, 132 SMs"),
     "NVIDIA H200": dict(sm_count=132, capability="9.0", smem_per_block=232_448,
-                        hbm_tb_s_datasheet=4.8, bf16_tflops_datasheet=989, fp32_tflops_datasheet=67),
+                        hbm_tb_s_datasheet=4.8, bf16_tflops_datasheet=989, fp32_tflops_datasheet=67,
+                        source="NVIDIA H200 Tensor Core GPU datasheet, SXM: 67 TFLOPS FP32, 989 TFLOPS "
+                               "BF16 dense, 4.8 TB/s HBM3e; the H100's 132 SMs"),
     "NVIDIA RTX PRO 6000 Blackwell": dict(sm_count=188, capability="12.0", smem_per_block=101_376,
-                                          hbm_tb_s_datasheet=1.8, bf16_tflops_datasheet=None,
+                                          hbm_tb_s_datasheet=1.792, bf16_tflops_datasheet=500,
+                                          fp32_tflops_datasheet=125,
+                                          source="NVIDIA RTX PRO 6000 Blackwell datasheet: 24,064 CUDA cores "
+                                                 "(188 SMs of 128), 125 TFLOPS FP32 peak, 4,000 AI TOPS "
+                                                 "(FP4, sparse; bf16 dense derived: 500), 96 GB GDDR7 at "
+                                                 "1,792 GB/s",
                                           note="the story's node (sm_120, GDDR7); not measured here"),
 }

@@ -473,6 +473,9 @@ def silu_mul(x):
 
 #: the glue functions the torch.compile lesson compiles (names of this module's functions)
 GLUE = ("rms_norm", "rope", "mhc_flat", "mhc_combine", "mhc_post", "kv_cache_bytes", "route", "silu_mul")
+#: what Model.use_glue may also replace: the stage's indexer top-k (the compile lesson compiles the
+#: torch fallback the story ran at S1)
+INDEXER_TOPK = "indexer_topk"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -688,12 +691,13 @@ class Model:
 
     # --- the step ----------------------------------------------------------------------------
     def use_glue(self, fns: dict | None = None):
-        """Replace glue functions by name (the compile lesson); None restores the plain ones."""
+        """Replace glue functions by name (the compile lesson), and with key INDEXER_TOPK the stage's
+        indexer top-k (a function with the registered impl's signature); None restores the plain ones."""
         self._glue = {name: globals()[name] for name in GLUE}
         if fns:
-            unknown = set(fns) - set(GLUE)
+            unknown = set(fns) - set(GLUE) - {INDEXER_TOPK}
             if unknown:
-                raise ValueError(f"glue functions must be among {GLUE}, got {sorted(unknown)}")
+                raise ValueError(f"glue functions must be among {GLUE + (INDEXER_TOPK,)}, got {sorted(unknown)}")
             self._glue.update(fns)
 
     def step(self, inp: StepInputs, stage: Stage) -> torch.Tensor:
@@ -786,7 +790,7 @@ class Model:
             ring = inp.ring_pos[cfg.ring_c4]
             c.index_state[torch.arange(B, device=y.device), ring] = F.linear(y, lw.idx_compressor).float()
         with record_function(f"dsv4::indexer[{stage.indexer_impl}]"):
-            fn = api.impl_info("indexer_topk", stage.indexer_impl).fn
+            fn = G.get(INDEXER_TOPK) or api.impl_info("indexer_topk", stage.indexer_impl).fn
             top = fn(qi, c.index, w, inp.c4_len, inp.page_table, max_seq_len=inp.index_max_seq_len,
                      topk=cfg.index_topk)
         with record_function("dsv4::indexer_proj"):

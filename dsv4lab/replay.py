@@ -14,11 +14,14 @@ with the kernel-time profile shifting stage by stage and the throughput moving w
   for the in-model vs isolated ratio, and the torch.compile lesson (compile the glue, capture
   the step, record what works and what fails, with the error text).
 
-Stages are cumulative (:data:`STAGES`): S0 the story's start (SGLang's SIMT decode kernel, the
-indexer's torch fallback with an fp32 bmm over the max context, fp32 mHC pre-linear), S1 the
-head-batched MMA kernel as the story built it (BLOCK_H 32), S2 split-K (``splitk_auto``), S3 bf16 GEMMs
-for the indexer and mHC, S4 the Triton indexer; variants: "S1 best" (the lab's tuned MMA
-kernel) and the story's "cap the context to 8192" on S0 and S3.
+Stages are cumulative (:data:`STAGES`) and follow the story's order: S0 the story's start (SGLang's
+SIMT decode kernel, the indexer's torch fallback with an fp32 bmm over the max context, fp32 mHC
+pre-linear), S1 the head-batched MMA kernel as the story changed SGLang's (BLOCK_H 32, the same loop
+over the whole padded index row), S2 split-K (``splitk_auto``), S3 bf16 GEMMs for the indexer and
+mHC, S4 the Triton indexer. Variants, each one change away from the stage it names: "S1stop" (the
+lab's: S1's kernel stopping each row at ``topk_length``), "S1best" (the lab's tuned MMA kernel),
+"S1cap" (the story's "cap the context to 8192", where the story made it: after its MMA kernel), and
+the same cap on S0 and S3.
 
 On a CPU (``--quick`` or no GPU) the same code runs the small preset (model.CPU_MODEL) through
 Triton's interpreter, times eager steps on the wall clock and profiles CPU time per region/op:
@@ -39,9 +42,9 @@ from pathlib import Path
 
 import torch
 
-from . import bench, profile, runs
-from .device import mode
-from .model import (ASSUMPTIONS, CPU_MODEL, DSV4_FLASH_TP8, GLUE, Model, ModelConfig, Stage,
+from . import api, bench, bridge, profile, runs
+from .device import ceilings, mode
+from .model import (ASSUMPTIONS, CPU_MODEL, DSV4_FLASH_TP8, GLUE, INDEXER_TOPK, Model, ModelConfig, Stage,
                     assumptions_markdown, weight_bytes)
 
 def _repo_relative(text: str) -> str:
@@ -53,7 +56,7 @@ def _repo_relative(text: str) -> str:
 STAGES = (
     Stage("S0", "story start: SGLang's SIMT decode, fp32 indexer fallback over the max context, fp32 mHC",
           decode_impl="sglang", indexer_impl="torch_fp32", mhc_gemm="float32"),
-    Stage("S1", "head-batched MMA decode as the story built it (BLOCK_H 32)",
+    Stage("S1", "the story's head-batched MMA decode (BLOCK_H 32): SGLang's loop over the whole padded row",
           decode_impl="mma_story", indexer_impl="torch_fp32", mhc_gemm="float32"),
     Stage("S2", "split-K decode (splitk_auto: tiles and NSPLIT per shape)",
           decode_impl="splitk_auto", indexer_impl="torch_fp32", mhc_gemm="float32"),
@@ -61,25 +64,34 @@ STAGES = (
           decode_impl="splitk_auto", indexer_impl="torch_bf16", mhc_gemm="bfloat16"),
     Stage("S4", "the Triton indexer: work follows the live context",
           decode_impl="splitk_auto", indexer_impl="triton", mhc_gemm="bfloat16"),
-    Stage("S1best", "variant of S1: the lab's tuned head-batched kernel (mma)",
+    Stage("S1stop", "variant of S1 (the lab's): the story's kernel stopping each row at topk_length",
+          decode_impl="mma_story_stop", indexer_impl="torch_fp32", mhc_gemm="float32"),
+    Stage("S1best", "variant of S1 (the lab's): the lab's tuned head-batched kernel (mma)",
           decode_impl="mma", indexer_impl="torch_fp32", mhc_gemm="float32"),
-    Stage("S0cap", "variant of S0: the story's 'cap the context to 8192'",
+    Stage("S1cap", "variant of S1: the story's 'cap the context to 8192', where the story made it",
+          decode_impl="mma_story", indexer_impl="torch_fp32", mhc_gemm="float32", max_context=8192),
+    Stage("S0cap", "variant of S0: the context capped to 8192 before the MMA kernel",
           decode_impl="sglang", indexer_impl="torch_fp32", mhc_gemm="float32", max_context=8192),
     Stage("S3cap", "variant of S3: context capped to 8192",
           decode_impl="splitk_auto", indexer_impl="torch_bf16", mhc_gemm="bfloat16", max_context=8192),
 )
+#: the steps the story took (the rest are the lab's own, or the story's change applied elsewhere)
+STORY_STEPS = ("S0", "S1", "S1cap")
 STAGE_BY_NAME = {s.name: s for s in STAGES}
 #: (before, after) pairs that get the story's before/after table
-TRANSITIONS = (("S0", "S1"), ("S1", "S2"), ("S2", "S3"), ("S3", "S4"), ("S1", "S1best"), ("S0", "S0cap"),
-               ("S3", "S3cap"), ("S0", "S4"))
+TRANSITIONS = (("S0", "S1"), ("S1", "S1stop"), ("S1stop", "S2"), ("S2", "S3"), ("S3", "S4"), ("S1", "S1cap"),
+               ("S1stop", "S1best"), ("S0", "S0cap"), ("S3", "S3cap"), ("S0", "S4"))
 
 CONCURRENCY = (1, 16, 32, 64)
 PROFILE_BATCH = 32            # the story's steady-state batch
 CONCURRENCY_CPU = (1, 2)
 PROFILE_BATCH_CPU = 2
-ISOLATED_IMPLS = ("sglang", "mma_story", "mma", "splitk_auto")
+ISOLATED_IMPLS = ("sglang", "mma_story", "mma_story_stop", "mma", "splitk_auto")
 #: the lesson's compile modes, least to most likely to clash with an outer capture
 COMPILE_VARIANTS = ("default", "reduce-overhead", "default, first call inside the capture")
+#: the lessons: (stage, whether its indexer top-k is compiled too). S1 is where the story tried
+#: torch.compile (the glue then included the indexer's torch fallback); S4 after the story's fixes
+COMPILE_LESSONS = (("S1", True), ("S4", False))
 #: ratio-4 layer counts for S0's glue scaling (the other compressed layers ratio 128)
 GLUE_SCALING_COUNTS = (0, 7, 14, 21)
 DEFAULT_BUDGET_S = 520        # of the 600 s one GPU command may run (imports and the files come on top)
@@ -139,6 +151,11 @@ def estimate_step_ms(cfg: ModelConfig, s: Stage, C: int) -> float:
         window = per * C * cfg.window
         c4 = per * C * cfg.index_topk
         c128 = per * C * (cfg.live_context // 128) + per / 6 * C * wide
+    elif s.decode_impl in ("mma_story", "mma_story_stop"):
+        # ~7 us a 32-entry tile of one program's loop; programs beyond one wave of 132 SMs queue
+        tile = 0.007 * -(-2 * C // 132)
+        c128_entries = wide if s.decode_impl == "mma_story" else cfg.live_context // 128
+        window, c4, c128 = (tile * -(-k // 32) for k in (cfg.window, cfg.index_topk, c128_entries))
     else:
         window = c4 = c128 = 0.02 + 2e-6 * C * cfg.index_topk
     n0, n4, n128 = cfg.layers_window, cfg.layers_c4, cfg.layers_c128
@@ -368,11 +385,22 @@ def glue_scaling(cfg: ModelConfig, s: Stage, C: int, counts, log=print) -> dict:
     return res
 
 
+def _wall_ms(fn) -> float:
+    """One call's wall time after a first call (the interpreter: meaningless as GPU time)."""
+    fn()
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1e3
+
+
 def isolated_decode(model: Model, impls=ISOLATED_IMPLS, batches=(1, PROFILE_BATCH), log=print) -> list:
     """One decode call per CUDA graph (bench.time_ms, do_bench median), on the first layer of each
     kind's caches and the step's own index tables: the kernel alone, to set beside its time
-    inside the step. The ratio-4 call uses 512 distinct live compressed tokens per request."""
-    from . import api
+    inside the step. The ratio-4 call uses 512 distinct live compressed tokens per request. On a CPU
+    one interpreted call's wall time ("how" says so; ``graph_us`` keeps the column's name)."""
+    gpu = mode() == "cuda"
+    timer = (lambda fn: bench.time_ms(fn, graph=True)) if gpu else _wall_ms
+    how = "CUDA graph of one call, do_bench median" if gpu else "one interpreted call, CPU wall clock"
     rows = []
     cfg = model.cfg
     for B in batches:
@@ -395,20 +423,42 @@ def isolated_decode(model: Model, impls=ISOLATED_IMPLS, batches=(1, PROFILE_BATC
             if r == 128:
                 calls[f"ratio 128 (K={inp.c128_idx.shape[1]}, {cfg.live_context // 128} valid)"] = (
                     c.compressed, inp.c128_idx, inp.c128_len)
+        valid = {"window": cfg.window, "ratio 4": cfg.index_topk, "ratio 128": cfg.live_context // 128}
         for impl in impls:
             for kind, (cache, idx, tlen) in calls.items():
-                row = dict(impl=impl, B=B, call=kind)
+                row = dict(impl=impl, B=B, call=kind, how=how)
                 try:
                     fn = lambda: api.sparse_decode(q, cache, idx, topk_len=tlen, impl=impl,  # noqa: E731
                                                    checks="device")
-                    row["graph_us"] = bench.time_ms(fn, graph=True) * 1e3
+                    row["graph_us"] = timer(fn) * 1e3
+                    row.update(decode_grid(impl, B, cfg.kernel_heads, idx.shape[1], valid[kind.split(" (")[0]]))
                 except Exception as e:
                     row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
                 rows.append(row)
         log(f"  isolated decode B={B}: " + ", ".join(
             f"{r['impl']}/{r['call'].split(' (')[0]} {r.get('graph_us', float('nan')):.1f}us" for r in rows if r["B"] == B))
-        torch.cuda.empty_cache()
+        if gpu:
+            torch.cuda.empty_cache()
     return rows
+
+
+def decode_grid(impl: str, B: int, H: int, K: int, valid: int) -> dict:
+    """How a decode call of ``impl`` spreads over the chip: ``programs`` launched and the ``tiles`` of
+    the index row the busiest program's loop walks (``tile`` entries a tile). SGLang's kernel and the story's
+    walk the whole padded row of K entries; the others stop at the ``valid`` ones. SGLang's tile is
+    what its autotuner picked for the call just run (None before any GPU call)."""
+    if impl == "sglang":
+        from .kernels import sglang_peer
+        best = getattr(sglang_peer.module()._tiled_sparse_decode_kernel, "best_config", None)
+        tile = best.kwargs.get("BLOCK_T") if best is not None else None
+        return dict(programs=B * H, tile=tile, tiles=-(-K // tile) if tile else None)
+    if impl not in ("mma_story", "mma_story_stop", "mma", "splitk", "splitk_auto"):
+        return {}
+    launch = bench.impl_launch(impl, B, H, K)
+    t, n = launch.tiles, launch.nsplit
+    split_len = -(-(-(-K // n)) // t.block_n) * t.block_n         # split-K's slice of the row
+    walked = K if impl == "mma_story" else min(valid, split_len)   # by the busiest program
+    return dict(programs=B * -(-H // t.block_h) * n, tile=t.block_n, tiles=-(-walked // t.block_n))
 
 
 def decode_calls_per_step(layer_ratios) -> dict:
@@ -442,20 +492,22 @@ def isolated_per_step(results: dict):
 # the torch.compile lesson (GPU, in a child process: a failed capture must not poison the run)
 # ---------------------------------------------------------------------------------------------
 
-def compile_lesson(out_json: str, stage_name: str = "S4", C: int = PROFILE_BATCH):
-    """Compile the glue functions (model.GLUE) with torch.compile, capture the whole step in one
+def compile_lesson(out_json: str, stage_name: str = "S4", C: int = PROFILE_BATCH, indexer: bool = False):
+    """Compile the glue functions (model.GLUE) with torch.compile, and with ``indexer`` the stage's
+    indexer top-k too (the torch fallback, as the story's S1 ran it), capture the whole step in one
     CUDA graph, replay: per variant whether it worked, the error text if not, compile and step
     times, and the largest logit difference from the uncompiled step. Writes ``out_json``."""
     import torch._dynamo as dynamo
 
     from . import model as model_mod
     rows = []
+    s = stage(stage_name)
+    compiled = list(GLUE) + ([f"{INDEXER_TOPK}[{s.indexer_impl}]"] if indexer else [])
 
     def save():
-        bench.save(out_json, dict(stage=stage_name, C=C, glue=list(GLUE), torch=torch.__version__, variants=rows))
+        bench.save(out_json, dict(stage=stage_name, C=C, glue=compiled, torch=torch.__version__, variants=rows))
 
     m = Model(DSV4_FLASH_TP8)
-    s = stage(stage_name)
     inp = m.inputs(C, s.max_context)
     m.check(inp)
     fn = lambda: m.step(inp, s)  # noqa: E731
@@ -469,8 +521,10 @@ def compile_lesson(out_json: str, stage_name: str = "S4", C: int = PROFILE_BATCH
         row = dict(variant=variant)
         dynamo.reset()
         compile_mode = variant.split(",")[0]
-        fns = {name: torch.compile(getattr(model_mod, name), mode=None if compile_mode == "default" else compile_mode)
-               for name in GLUE}
+        mode_arg = None if compile_mode == "default" else compile_mode
+        fns = {name: torch.compile(getattr(model_mod, name), mode=mode_arg) for name in GLUE}
+        if indexer:
+            fns[INDEXER_TOPK] = torch.compile(api.impl_info("indexer_topk", s.indexer_impl).fn, mode=mode_arg)
         m.use_glue(fns)
         t0 = time.time()
         try:
@@ -511,9 +565,10 @@ def compile_lesson(out_json: str, stage_name: str = "S4", C: int = PROFILE_BATCH
         torch.cuda.empty_cache()
 
 
-def _run_compile_lesson(out_dir: Path, timeout_s: float, log=print) -> dict:
-    path = out_dir / ".compile_lesson.json"          # merged into reproduce.json, then removed
-    cmd = [sys.executable, "-m", "dsv4lab.replay", "--compile-lesson", str(path)]
+def _run_compile_lesson(out_dir: Path, stage_name: str, indexer: bool, timeout_s: float, log=print) -> dict:
+    path = out_dir / f".compile_lesson_{stage_name}.json"          # merged into reproduce.json, then removed
+    cmd = [sys.executable, "-m", "dsv4lab.replay", "--compile-lesson", str(path), "--stage", stage_name]
+    cmd += ["--indexer"] if indexer else []
     t0 = time.time()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
@@ -524,7 +579,7 @@ def _run_compile_lesson(out_dir: Path, timeout_s: float, log=print) -> dict:
     res = json.loads(path.read_text()) if path.exists() else {}
     path.unlink(missing_ok=True)
     res.update(returncode=rc, seconds=time.time() - t0, log_tail=tail)
-    log(f"  compile lesson: rc={rc}, " + "; ".join(
+    log(f"  compile lesson {stage_name}: rc={rc}, " + "; ".join(
         f"{v['variant']}: {'ok %.2f ms' % v['step_ms'] if v.get('ok') else 'FAILED ' + v.get('error_type', '')}"
         for v in res.get("variants", [])))
     return res
@@ -651,19 +706,51 @@ def story_comparison(results: dict) -> list:
                     here=unit(pair(fit("S0", "asymptote_tok_s"), fit("S1", "asymptote_tok_s"), fmt="{:.0f}"), "tok/s"),
                     differences=tput))
     Cmax = max(results.get("concurrency", [B]))
-    cap = [ratio(tok("S0cap", C), tok("S0", C)) for C in (B, Cmax)]
-    out.append(dict(figure=f"cap context to 8192: throughput S0cap / S0 (C={B}, C={Cmax})", story="17.9x",
-                    here=", ".join("n/a" if x is None else f"{x:.1f}x" for x in cap),
-                    differences=tput + "; the story's concurrency for this figure was not published"))
+    for before, after, where in (("S1", "S1cap", "the story's: after its MMA kernel"),
+                                 ("S0", "S0cap", "the lab's variant: before the MMA kernel")):
+        cap = [ratio(tok(after, C), tok(before, C)) for C in (B, Cmax)]
+        out.append(dict(figure=f"cap context to 8192: throughput {after} / {before} (C={B}, C={Cmax}; {where})",
+                        story="17.9x" if before == "S1" else "n/a (the story capped after its MMA kernel)",
+                        here=", ".join("n/a" if x is None else f"{x:.1f}x" for x in cap),
+                        differences=tput + "; the story's concurrency for this figure was not published"))
     c1, c2 = ratio(tok("S1", 1), tok("S0", 1)), ratio(tok("S2", 1), tok("S0", 1))
+    sms = results.get("environment", {}).get("device", {}).get("sm_count")
     out.append(dict(figure="C=1: S1 vs S0 (and S2 vs S0) tok/s", story="-29% (S1's grid: 2 programs at B=1)",
                     here="n/a" if c1 is None else f"{100 * (c1 - 1):+.0f}% (S2: "
                     + ("n/a" if c2 is None else f"{100 * (c2 - 1):+.0f}%") + ")",
-                    differences=f"{tput}; at B=1 S1 launches 2 programs: on the story's 188 SMs, here on "
-                                f"{results.get('environment', {}).get('device', {}).get('sm_count') or 'no'} SMs"))
+                    differences=f"{tput}; at B=1 S1 launches 2 programs a call: on the story's 188 SMs, here on "
+                                f"{sms or 'no'} SMs (the C = 1 table: programs, tiles and time per layer kind)"))
     for r in out:
         r["setup differences"] = r.pop("differences")
     return out
+
+
+def c1_question(results: dict, stages=("S0", "S1")) -> list:
+    """The story's C = 1 question, answered per layer kind with programs against SMs: for each stage's
+    decode impl, each decode call at B = 1 alone (one call per CUDA graph): the programs it launches,
+    the share of the SMs they can fill, the tiles the busiest program walks, its time, the time per
+    tile of one program's loop, and the call's ms per step; then each stage's whole step at C = 1."""
+    sms = results.get("environment", {}).get("device", {}).get("sm_count")
+    per = isolated_per_step(results)
+    grid = {(r["impl"], r["B"], r["call"].split(" (")[0]): r for r in results.get("isolated_decode", [])}
+    rows = []
+    for n in stages:
+        impl = results.get("stages", {}).get(n, {}).get("stage", {}).get("decode_impl") or stage(n).decode_impl
+        for _, r in per[(per.impl == impl) & (per.B == 1)].iterrows():
+            g = grid.get((impl, 1, r.kind), {})
+            progs, tiles = g.get("programs"), g.get("tiles")
+            rows.append(dict(stage=n, impl=impl, what=f"{r.kind} call (K={r.entries}, {r.valid} valid)",
+                             programs=progs, sms=sms,
+                             sm_share_pct=100 * min(progs, sms) / sms if progs and sms else None,
+                             tiles_per_program=tiles, us_per_call=r.us_per_call,
+                             us_per_tile=r.us_per_call / tiles if tiles else None,
+                             calls_per_step=r.calls, ms_per_step=r.ms_per_step))
+        step = next((x for x in results.get("stages", {}).get(n, {}).get("steps", []) if x["C"] == 1), {})
+        prof = _profile(results, n, 1)
+        rows.append(dict(stage=n, impl=impl, what="the whole step at C = 1 (graph replay)",
+                         ms_per_step=step.get("step_ms"), tok_s=step.get("tok_s"),
+                         decode_ms_per_step=prof["by_category"].get(profile.DECODE, 0.0) / 1e3 if prof else None))
+    return rows
 
 
 #: what every row of the story table shares (tables.md prints it once above the table)
@@ -692,6 +779,88 @@ def throughput_lines(ax, results: dict, names, colors: dict | None = None):
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     return ax
+
+
+def story_throughput_points(ax, colors: dict | None = None):
+    """The story's published tok/s before (S0) and after (S1) its MMA kernel, on a second y axis of
+    ``ax`` (an 8-GPU server's tok/s, not one GPU's share: their scales differ, so they get their own)."""
+    thr = runs.campaign("story_throughput")
+    twin = ax.twinx()
+    for col, n, marker in (("before_tok_s", "S0", "*"), ("after_tok_s", "S1", "P")):
+        pts = thr.dropna(subset=[col])
+        twin.plot(pts.concurrency, pts[col], marker, ms=11, mfc="none", color=(colors or {}).get(n, "k"),
+                  label=f"story, {'before' if n == 'S0' else 'after'} its MMA kernel ({n})")
+    twin.set_ylabel("story's tokens / s (8-GPU server; right axis)", fontsize=8)
+    twin.legend(fontsize=7, loc="lower right")
+    return twin
+
+
+def story_change_lines(ax, results: dict, pairs=(("S0", "S1"), ("S0", "S1stop")), colors: dict | None = None):
+    """tok/s after / before against C: the lab's measured ratio for each (before, after) pair, and the
+    story's published change S0 -> S1 (C = 1, 16, 64; C = 16 was published only as this ratio)."""
+    import matplotlib.ticker
+    st = results.get("stages", {})
+    for before, after in pairs:
+        a = {r["C"]: r["tok_s"] for r in st.get(before, {}).get("steps", []) if "tok_s" in r}
+        b = {r["C"]: r["tok_s"] for r in st.get(after, {}).get("steps", []) if "tok_s" in r}
+        Cs = sorted(set(a) & set(b))
+        if Cs:
+            ax.plot(Cs, [b[C] / a[C] for C in Cs], "o-", color=(colors or {}).get(after), label=f"here: {after} / {before}")
+    thr = runs.campaign("story_throughput")
+    ax.plot(thr.concurrency, 1 + thr.change_pct / 100, "*", ms=12, color="k", label="story: after / before its MMA kernel")
+    ax.axhline(1.0, color="0.5", lw=0.8)
+    ax.set_xlabel("concurrency C (batch = C)")
+    ax.set_ylabel("tok/s after / before (log)")
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    return ax
+
+
+def bridge_markdown(f: dict) -> list:
+    """tables.md lines of :func:`dsv4lab.bridge.factors`."""
+    if "step" not in f:
+        return [f.get("note", "(not computed)")]
+    lines = [f"Story's GPU: {f['story_gpu']}; this run's: {f['device']}." + (f" {f['assumed']}." if f.get("assumed") else ""),
+             "", f"Per layer kind (each call alone at B = {f['batch']}):", "",
+             _md([{k: v for k, v in r.items() if not k.endswith("_bound")} for r in f["kinds"]]),
+             "", "What bounds each call here (shares of this run's measured ceilings):", "",
+             _md([dict(kind=r["kind"], when=w, **r[f"{w}_bound"]) for r in f["kinds"] for w in ("before", "after")])]
+    for part in ("step", "c1"):
+        p = f.get(part, {})
+        if "factors" not in p:
+            lines += ["", p.get("note", "")]
+            continue
+        lines += ["", f"**{p['equation']}**: measured {p['measured']:.4g}, product of the factors {p['product']:.4g}",
+                  "", _md(p["factors"])]
+    return lines
+
+
+def sensitivity_markdown(s: dict) -> list:
+    """tables.md lines of :func:`dsv4lab.bridge.sensitivity`."""
+    if "rows" not in s:
+        return [s.get("note", "(not computed)")]
+    fit = s["story_fit"]
+    return ["The model against measured points it was not fitted to:", "", _md(s["validation"]),
+            "", "Each parameter moved alone (the rest at the replay's setting):", "", _md(s["rows"]),
+            "", f"Closest setting to the story's after-S1 shares over the whole grid (largest miss "
+                f"{fit['largest_miss_pts']:.1f} points; all within {fit['tolerance_pts']} points: "
+                f"{fit['reproduces_all_shares']}):", "", _md([fit])]
+
+
+def with_story_bars(per_stage: dict) -> dict:
+    """``per_stage`` ({stage: {category: us}}) with the story's published shares as a bar just before
+    S0 ("story\nbefore") and before S1 ("story\nafter"), for a share plot (the story's ms are not all
+    published)."""
+    story = runs.story_shares()
+    out = {}
+    for n, v in per_stage.items():
+        if n in ("S0", "S1"):
+            key = "story\nbefore" if n == "S0" else "story\nafter"
+            out[key] = story[key]
+        out[n] = v
+    return out
 
 
 def decode_table(results: dict) -> list:
@@ -732,9 +901,11 @@ def write_outputs(out: Path, results: dict, quick: bool):
     glue = [dict(stage=n, **o) for n, p in main.items() for o in p["glue_ops"]["ops"][:12]]
     dec = decode_table(results)
     story = story_comparison(results)
+    c1 = c1_question(results) if results.get("isolated_decode") else []
     gs = results.get("glue_scaling", {})
     results["tables"] = dict(throughput=thr, fits=fits, profile=prof_rows, glue_ops=glue, decode=dec,
-                             transitions=[dict(before=a, after=b, rows=t) for a, b, t in trans], story=story)
+                             transitions=[dict(before=a, after=b, rows=t) for a, b, t in trans], story=story,
+                             c1=c1)
     files = {"reproduce.json": out / "reproduce.json", "kernels.json": out / "kernels.json",
              "throughput.csv": out / "throughput.csv", "profile.csv": out / "profile.csv",
              "tables.md": out / "tables.md", "profile_shift.png": out / "profile_shift.png",
@@ -748,7 +919,10 @@ def write_outputs(out: Path, results: dict, quick: bool):
     pd.DataFrame(prof_rows).to_csv(files["profile.csv"], index=False)
     extra = {"fits.csv": fits, "transitions.csv": [dict(before=a, after=b, **r) for a, b, t in trans for r in t],
              "glue_ops.csv": glue, "decode.csv": dec, "story_vs_here.csv": story,
-             "glue_scaling.csv": gs.get("rows", []), "isolated_decode.csv": results.get("isolated_decode", [])}
+             "glue_scaling.csv": gs.get("rows", []), "isolated_decode.csv": results.get("isolated_decode", []),
+             "c1.csv": c1, "factors.csv": [dict(part=part, **r) for part in ("step", "c1")
+                                            for r in results.get("factors", {}).get(part, {}).get("factors", [])],
+             "sensitivity.csv": results.get("sensitivity", {}).get("rows", [])}
     unit = "ms of CPU time (interpreter: meaningless as GPU time)" if results["mode"] != "cuda" else "ms"
     cfg = results["config"]
     md = [f"# Campaign replay on {results['environment']['device']['name']} ({results['environment']['date']})",
@@ -768,24 +942,36 @@ def write_outputs(out: Path, results: dict, quick: bool):
            "", f"## S0's glue vs the number of ratio-4 layers (C = {gs.get('C')})", "", _md(gs.get("rows", [])),
            "", _md([gs["fit"]]) if gs.get("fit") else "",
            "", "## The story beside this run", "", STORY_SETUP, "", _md(story),
-           "", "## torch.compile lesson", "", _md(results.get("compile_lesson", {}).get("variants", [])),
+           "", "## C = 1: programs against SMs, per layer kind (each call alone at B = 1; then the step)", "", _md(c1),
+           "", "## From the story's numbers to this run's: the bridge", ""] + bridge_markdown(results.get("factors", {})) + [
+           "", "## What the replay's chosen parameters do (sensitivity)", ""] + sensitivity_markdown(
+               results.get("sensitivity", {})) + [
+           "", "## torch.compile lessons", ""] + [
+               line for name, lesson in results.get("compile_lessons", {}).items()
+               for line in (f"### {name} (compiled: {', '.join(lesson.get('glue', []))})", "",
+                            _md(lesson.get("variants", [])), "")] + [
            "", "## The classifier: unclassified share, and kernels launched where their category says they cannot be",
            "", _md([dict(stage=n, C=p["C"], unclassified_pct=100 * p["unclassified_share"],
                          region_mismatches=len(p["region_mismatches"]))
                     for n in order for p in st[n].get("profiles", {}).values()]),
            "", "## Skipped", "", _md(results.get("skipped", [])), "", "## Assumptions", "", assumptions_markdown(), ""]
     files["tables.md"].write_text("\n".join(md))
-    fig, axes = plt.subplots(1, 2, figsize=(14, 4.8))
+    fig, axes = plt.subplots(1, 2, figsize=(15, 4.8))
     profile.category_bars(axes[0], per_stage_cat, title=f"kernel time per step at C={B} ({unit})")
-    profile.category_bars(axes[1], per_stage_cat, share=True, title="share of kernel time")
+    profile.category_bars(axes[1], with_story_bars(per_stage_cat), share=True,
+                          title="share of kernel time (story's published shares beside S0 and S1)")
     if axes[0].get_legend() is not None:
         axes[0].get_legend().remove()
     fig.tight_layout()
     fig.savefig(files["profile_shift.png"], dpi=110)
     plt.close(fig)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    throughput_lines(ax, results, order)
-    ax.set_title("tokens/s vs concurrency (markers measured, lines: the a + b C fit)", fontsize=9)
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.5))
+    colors = {n: f"C{i % 10}" for i, n in enumerate(order)}
+    throughput_lines(axes[0], results, order, colors)
+    story_throughput_points(axes[0], colors)
+    axes[0].set_title("tokens/s vs concurrency (markers measured, lines: the a + b C fit)", fontsize=9)
+    story_change_lines(axes[1], results, colors=colors)
+    axes[1].set_title("the change at the MMA kernel, here and in the story", fontsize=9)
     fig.tight_layout()
     fig.savefig(files["throughput.png"], dpi=110)
     plt.close(fig)
@@ -835,7 +1021,7 @@ def main(out="reproduce", quick: bool = False, stages=None, budget_s: float | No
     plan = dict(setup_s=20.0, stages_s=est,
                 glue_scaling_s=sum(8.0 + 8 * estimate_step_ms(_with_ratio4(cfg, n), s0, profile_batch) / 1e3
                                    for n in scaling_counts) if gpu else 0.0,
-                isolated_decode_s=25.0 if gpu else 0.0, compile_lesson_s=200.0 if (gpu and compile_glue) else 0.0,
+                isolated_decode_s=35.0 if gpu else 0.0, compile_lesson_s=140.0 if (gpu and compile_glue) else 0.0,
                 outputs_s=10.0)
     results["budget_plan"] = plan
     if gpu:
@@ -864,9 +1050,9 @@ def main(out="reproduce", quick: bool = False, stages=None, budget_s: float | No
         results["stages"][s.name] = measure_stage(model, s, concurrency, profile_at, deadline=deadline, log=log)
         results["stages"][s.name]["seconds"] = time.time() - t1
         bench.save(out / "reproduce.json", results)          # partial results survive a kill
-    if gpu and deadline.left() > reserve + plan["isolated_decode_s"]:
-        results["isolated_decode"] = isolated_decode(model, log=log)
-    elif gpu:
+    if deadline.left() > reserve + plan["isolated_decode_s"]:
+        results["isolated_decode"] = isolated_decode(model, batches=(1, profile_batch), log=log)
+    else:
         results["skipped"].append(dict(part="isolated decode", reason="budget"))
     del model
     if gpu:
@@ -876,14 +1062,18 @@ def main(out="reproduce", quick: bool = False, stages=None, budget_s: float | No
         bench.save(out / "reproduce.json", results)
     else:
         results["skipped"].append(dict(part="glue scaling", reason="budget"))
-    if gpu:
+    results["compile_lessons"] = {}
+    for name, indexer in COMPILE_LESSONS if compile_glue else ():
         left = deadline.left() - reserve
-        if compile_glue and left > 90:
-            results["compile_lesson"] = _run_compile_lesson(out, timeout_s=min(300.0, left), log=log)
-        elif compile_glue:
-            results["skipped"].append(dict(part="compile lesson", reason=f"budget: {left:.0f} s left"))
-    else:
-        results["compile_lesson"] = dict(variants=[], note="not run: CUDA-graph capture needs a GPU")
+        if not gpu:
+            results["compile_lessons"][name] = dict(stage=name, variants=[], note="not run: CUDA-graph capture needs a GPU")
+        elif left > 90:
+            results["compile_lessons"][name] = _run_compile_lesson(out, name, indexer, timeout_s=min(180.0, left), log=log)
+        else:
+            results["skipped"].append(dict(part=f"compile lesson {name}", reason=f"budget: {left:.0f} s left"))
+    results["ceilings"] = ceilings().as_dict()
+    results["factors"] = bridge.factors(results)
+    results["sensitivity"] = bridge.sensitivity(results)
     results["elapsed_s"] = deadline.elapsed()
     files = write_outputs(out, results, quick)
     log(f"wrote {', '.join(str(p) for p in files.values())} in {deadline.elapsed():.0f} s")
@@ -904,8 +1094,9 @@ def _child(argv=None):
     p = argparse.ArgumentParser(prog="python -m dsv4lab.replay")
     p.add_argument("--compile-lesson", required=True, help="write the torch.compile lesson's JSON here")
     p.add_argument("--stage", default="S4")
+    p.add_argument("--indexer", action="store_true", help="compile the stage's indexer top-k too")
     a = p.parse_args(argv)
-    compile_lesson(a.compile_lesson, a.stage)
+    compile_lesson(a.compile_lesson, a.stage, indexer=a.indexer)
 
 
 if __name__ == "__main__":

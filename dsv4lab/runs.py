@@ -239,7 +239,7 @@ def ceilings(run: str = "h200"):
     """The run's measured ceilings as a dsv4lab.device.Ceilings."""
     from .device import Ceilings
     c = load("device", run)["ceilings"]
-    return Ceilings(c["copy_tb_s"], c["bf16_tflops"], c.get("how", ""))
+    return Ceilings(c["copy_tb_s"], c["bf16_tflops"], c.get("how", ""), c.get("fp32_tflops"))
 
 
 def _provenance(d: dict, where: str) -> str:
@@ -349,6 +349,20 @@ def story_glue_ops() -> dict[str, float]:
     if not ops:
         raise ValueError(f"cannot read op shares from the story's glue breakdown {text!r}")
     return ops
+
+
+def story_shares() -> dict[str, dict[str, float]]:
+    """The story's published profile as two bars, {"story\nbefore": {category: %}, "story\nafter": ...},
+    in dsv4lab.profile's categories; what the published rows leave is "other" (not published)."""
+    from . import profile
+    prof = campaign("story_profile")
+    out = {}
+    for when in ("before", "after"):
+        shares = {c: float(prof[prof.kernel.str.startswith(name)][f"{when}_share_pct"].iloc[0])
+                  for c, name in profile.STORY_CATEGORY.items()}
+        shares[profile.OTHER] = max(0.0, 100.0 - sum(shares.values()))
+        out[f"story\n{when}"] = shares
+    return out
 
 
 def story_pair(figure: str) -> tuple[float, float]:

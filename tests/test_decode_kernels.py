@@ -12,7 +12,7 @@ import dsv4lab
 from dsv4lab.testing import (LSE_TOL, OUT_TOL, VS_SIMT_TOL, check_decode, make_decode_inputs,
                              poisoned, rel_err)
 
-IMPLS = ["simt", "mma_story", "mma", "splitk", "splitk_auto", "auto", "sglang"]
+IMPLS = ["simt", "mma_story", "mma_story_stop", "mma", "splitk", "splitk_auto", "auto", "sglang"]
 
 # (B, H, K, context, page_size, pad_frac, topk_len, sink)
 CASES = [
@@ -33,7 +33,7 @@ def test_matches_reference(impl, B, H, K, ctx, ps, pad, tlen, sink):
     assert e_lse <= LSE_TOL, f"{impl}: lse rel. error {e_lse:.2e} > {LSE_TOL}"
 
 
-@pytest.mark.parametrize("impl", ["mma_story", "mma", "splitk", "splitk_auto"])
+@pytest.mark.parametrize("impl", ["mma_story", "mma_story_stop", "mma", "splitk", "splitk_auto"])
 def test_tensor_core_kernels_match_simt(impl):
     inp = make_decode_inputs(2, 16, 48, context=100, pad_frac=0.1, topk_len=True)
     assert check_decode(impl, inp, against="simt")[0] <= VS_SIMT_TOL
@@ -266,3 +266,52 @@ def test_a_non_finite_output_is_flagged_and_a_finite_one_is_not(impl):
                                    impl=impl)
     assert not torch.isfinite(out[1, 3].float()).all() and torch.isfinite(out[0].float()).all()
     assert errors.read() & errors.Flag.NONFINITE
+
+
+def _index_tile_loads(impl, inp, block_n):
+    """Run ``impl`` under the interpreter, counting the loads of one index tile (int32, BLOCK_N lanes)
+    each program makes, and whether any KV byte was read from an entry past its row's topk_len."""
+    import triton.language as tl
+    from triton.runtime import interpreter
+    builder = interpreter.interpreter_builder
+    real = builder.create_masked_load
+    loads = []
+
+    def counting(ptrs, mask, other, *a, **k):
+        if ptrs.get_element_ty() == tl.int32 and ptrs.data.size == block_n:
+            loads.append(int(mask.data.sum()))
+        return real(ptrs, mask, other, *a, **k)
+    builder.create_masked_load = counting
+    try:
+        out, lse = dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl=impl, **inp.kwargs())
+    finally:
+        builder.create_masked_load = real
+    return loads, out, lse
+
+
+@pytest.mark.skipif(not dsv4lab.device.is_interpret(), reason="counts loads through Triton's interpreter")
+@pytest.mark.parametrize("impl", ["mma_story", "mma_story_stop"])
+def test_story_kernel_walks_the_padded_row(impl, dev):
+    """SGLang's loop, kept by the story's kernel: every program loads cdiv(K, BLOCK_N) index tiles whatever
+    topk_len is (a ratio-128 row is 8256 wide with 64 live); the early stop (mma_story_stop) loads only
+    the tiles up to topk_len. Both match the float64 reference, and an entry past topk_len that points
+    past the cache is read as padding and never flagged."""
+    from dsv4lab import reference
+    from dsv4lab.planning import STORY_TILES
+    B, H, K = 3, 40, 5 * STORY_TILES.block_n + 7                 # 6 tiles, the last partial; 2 head blocks
+    inp = make_decode_inputs(B, H, K, context=300, pad_frac=0.1, sink=True)
+    inp.topk_len = torch.tensor([3, 0, STORY_TILES.block_n + 1], dtype=torch.int32, device=dev)
+    inp.indices[:, 40:] = 1 << 30                                 # past the cache, but past every topk_len too
+    dsv4lab.errors.read()                                          # start clean
+    with poisoned():
+        loads, out, lse = _index_tile_loads(impl, inp, STORY_TILES.block_n)
+    programs = B * -(-H // STORY_TILES.block_h)
+    tiles = -(-K // STORY_TILES.block_n)
+    if impl == "mma_story":
+        assert len(loads) == programs * tiles
+    else:
+        per_row = [-(-int(n) // STORY_TILES.block_n) for n in inp.topk_len]
+        assert len(loads) == sum(per_row) * -(-H // STORY_TILES.block_h)
+    dsv4lab.check_errors()                                          # nothing flagged
+    ro, rl = reference.sparse_decode(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5, **inp.kwargs())
+    assert rel_err(out.float(), ro) <= OUT_TOL and rel_err(lse, rl) <= LSE_TOL

@@ -14,10 +14,18 @@ def test_stages_are_cumulative_and_distinct():
     s = R.STAGE_BY_NAME
     assert (s["S0"].decode_impl, s["S0"].indexer_impl, s["S0"].mhc_gemm) == ("sglang", "torch_fp32", "float32")
     assert s["S1"].decode_impl == "mma_story" and s["S1best"].decode_impl == "mma"
+    assert s["S1stop"].decode_impl == "mma_story_stop" and s["S1cap"].decode_impl == "mma_story"
+    # every variant is one change away from the stage it names
+    for name, x in s.items():
+        if name not in ("S0", "S1", "S2", "S3", "S4"):
+            base = s[name[:2]]
+            diff = [f for f in ("decode_impl", "indexer_impl", "mhc_gemm", "max_context")
+                    if getattr(x, f) != getattr(base, f)]
+            assert len(diff) == 1, (name, diff)
     assert s["S2"].decode_impl == "splitk_auto" and s["S2"].indexer_impl == "torch_fp32"
     assert (s["S3"].indexer_impl, s["S3"].mhc_gemm) == ("torch_bf16", "bfloat16") and s["S3"].decode_impl == "splitk_auto"
     assert s["S4"].indexer_impl == "triton" and s["S4"].mhc_gemm == "bfloat16"
-    assert s["S0cap"].max_context == s["S3cap"].max_context == 8192
+    assert s["S0cap"].max_context == s["S1cap"].max_context == s["S3cap"].max_context == 8192
     assert all(x.max_context is None for n, x in s.items() if not n.endswith("cap"))
     keys = [(x.decode_impl, x.indexer_impl, x.mhc_gemm, x.max_context) for x in R.STAGES]
     assert len(set(keys)) == len(keys)
@@ -47,6 +55,7 @@ def test_estimates_rank_the_stages_like_the_story():
     cfg = DSV4_FLASH_TP8
     est = {n: R.estimate_step_ms(cfg, R.stage_for(R.stage(n), cfg), 32) for n in R.STAGE_BY_NAME}
     assert est["S0"] > est["S1"] >= est["S3"] > est["S4"] and est["S0"] > est["S0cap"]
+    assert est["S1"] > est["S1stop"] and est["S1"] > est["S1cap"]
 
 
 def test_story_comparison_names_its_differences():
@@ -126,9 +135,20 @@ def test_write_outputs_takes_a_gpu_run(quick_run, tmp_path):
     res = json.loads((quick_run / "reproduce.json").read_text())
     res["isolated_decode"] = [dict(impl="sglang", B=32, call="ratio 4 (K=512)", graph_us=2931.0),
                               dict(impl="splitk_auto", B=32, call="ratio 4 (K=512)", error="RuntimeError: x")]
-    res["compile_lesson"] = dict(variants=[dict(variant="default", ok=False, error_type="RuntimeError",
-                                                error="operation not permitted when stream is capturing")])
+    res["isolated_decode"] += [dict(impl="sglang", B=1, call="ratio 128 (K=8256, 64 valid)", graph_us=2438.0,
+                                    programs=64, tile=32, tiles=258),
+                               dict(impl="mma_story", B=1, call="ratio 128 (K=8256, 64 valid)", graph_us=1679.0,
+                                    programs=2, tile=32, tiles=258)]
+    res["environment"]["device"]["sm_count"] = 132
+    res["compile_lessons"] = {"S1": dict(stage="S1", glue=["rms_norm", "indexer_topk[torch_fp32]"], variants=[
+        dict(variant="default", ok=False, error_type="RuntimeError", error="operation not permitted when stream is capturing")])}
     res["skipped"] = [dict(part="S0", reason="budget")]
     files = R.write_outputs(tmp_path, res, quick=True)
     md = files["tables.md"].read_text()
     assert "2931" in md and "operation not permitted" in md and "| S0 | budget |" in md
+    assert "### S1 (compiled: rms_norm, indexer_topk[torch_fp32])" in md
+    c1 = {(r["stage"], r["what"].split(" (")[0]): r for r in res["tables"]["c1"]}
+    s0, s1 = c1[("S0", "ratio 128 call")], c1[("S1", "ratio 128 call")]
+    assert (s0["programs"], s1["programs"], s1["sm_share_pct"]) == (64, 2, pytest.approx(100 * 2 / 132))
+    assert s1["us_per_tile"] == pytest.approx(1679.0 / 258) and s1["ms_per_step"] == pytest.approx(1.679)
+    assert c1[("S0", "the whole step at C = 1")]["tok_s"] == res["stages"]["S0"]["steps"][0]["tok_s"]

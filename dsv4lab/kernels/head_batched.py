@@ -12,8 +12,14 @@ The KV bytes are read once per head block instead of once per head.
 
 Two kernels share that body:
 
-* ``_story_kernel`` is the stage as the story built it: the loop above and nothing else.
-  ``impl="mma_story"`` launches it with the story's BLOCK_H = 32 (two programs per request).
+* ``_story_kernel`` is the stage as the story built it: SGLang's SIMT kernel with the heads
+  batched and the loop above, nothing else. Like SGLang's kernel it walks the whole padded index
+  row: every tile of the K entries is visited and its indices loaded; entries past ``topk_len``
+  are masked (no KV bytes gathered, never used, never flagged). ``impl="mma_story"`` launches it
+  with the story's BLOCK_H = 32 (two programs per request). ``impl="mma_story_stop"`` is the
+  same kernel stopping each row at its ``topk_len`` (``STOP_AT_LEN``): the lab's first change,
+  which the story never made. On a ratio-128 row (8256 wide, 64 live) it is the difference
+  between 258 tiles and 2.
 * ``_head_batched_kernel`` is the lab's tuned version (``impl="mma"``, and every split-K slice
   in split_k.py): the next tile's loads issued before this tile's math (``loop``), the fp8
   dequant by integer ops (``dequant="bits"``), the softmax scale folded into exp2's FMA, and
@@ -107,7 +113,7 @@ def _story_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE, ERR,
                   qk_scale, K, H, num_tokens, stride_qb, stride_qh, stride_ib, stride_ob, stride_oh,
                   PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr, HAS_TOPK_LEN: tl.constexpr,
                   HAS_SINK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-                  D: tl.constexpr, NOPE: tl.constexpr, DOT: tl.constexpr):
+                  D: tl.constexpr, NOPE: tl.constexpr, DOT: tl.constexpr, STOP_AT_LEN: tl.constexpr = False):
     b = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hmask = heads < H
@@ -119,12 +125,16 @@ def _story_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE, ERR,
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, D], dtype=tl.float32)
     t = tl.arange(0, BLOCK_N)
-    top = tl.full([BLOCK_N], -1, dtype=tl.int32)      # the largest index seen (flagged past the cache)
-    for start in range(0, n_valid, BLOCK_N):
+    top = tl.full([BLOCK_N], -1, dtype=tl.int32)      # the largest live index seen (flagged past the cache)
+    end = K                                           # SGLang's loop: the whole padded row
+    if STOP_AT_LEN:
+        end = n_valid                                 # the lab's early stop (impl "mma_story_stop")
+    for start in range(0, end, BLOCK_N):
         pos = start + t
-        tok = tl.load(IDX + b * stride_ib + pos, mask=pos < n_valid, other=-1)
-        top = tl.maximum(top, tok)
-        valid = (pos < n_valid) & in_cache(tok, num_tokens)
+        tok = tl.load(IDX + b * stride_ib + pos, mask=pos < K, other=-1)
+        live = pos < n_valid                          # entries past topk_len: loaded, masked, not flagged
+        top = tl.maximum(top, tl.where(live, tok, -1))
+        valid = live & in_cache(tok, num_tokens)
         kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, DOT)
         m_i, l_i, acc = _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale)
     out, lse, fin = _finish_rows(m_i, l_i, acc, SINK, heads, hmask, HAS_SINK)
@@ -302,11 +312,20 @@ def sparse_decode_mma(q, cache, indices, *, topk_len, sm_scale, attn_sink, opts:
 
 
 @register("sparse_decode", "mma_story", stage="S1",
-          description="the story's stage-2 kernel: BLOCK_H 32 (2 programs per request at H=64), plain loop")
-def sparse_decode_story(q, cache, indices, *, topk_len, sm_scale, attn_sink, tiles=STORY_TILES):
+          description="the story's head-batched kernel: SGLang's loop over the whole padded row, BLOCK_H 32 "
+                      "(2 programs per request at H=64)")
+def sparse_decode_story(q, cache, indices, *, topk_len, sm_scale, attn_sink, tiles=STORY_TILES,
+                        stop_at_len: bool = False):
     B, H, _ = q.shape
     args, constexprs, out, lse = decode_call(q, cache, indices, topk_len, attn_sink, sm_scale)
     _story_kernel[(B, cdiv(H, tiles.block_h))](
         *args, **constexprs, BLOCK_H=tiles.block_h, BLOCK_N=tiles.block_n, DOT=dot_dtype(),
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+        STOP_AT_LEN=stop_at_len, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     return finish(out), lse
+
+
+@register("sparse_decode", "mma_story_stop", stage="S1stop",
+          description="the story's head-batched kernel stopping each row at its topk_len (the lab's change)")
+def sparse_decode_story_stop(q, cache, indices, *, topk_len, sm_scale, attn_sink, tiles=STORY_TILES):
+    return sparse_decode_story(q, cache, indices, topk_len=topk_len, sm_scale=sm_scale, attn_sink=attn_sink,
+                               tiles=tiles, stop_at_len=True)
