@@ -139,6 +139,14 @@ def replay_devices_table(C=(1, 32, 64)) -> str:
         cells = [_fmt(tok[run].loc[stage, c]) if stage in tok[run].index and c in tok[run].columns else "-"
                  for c in C for run in names]
         lines.append(f"| {stage} | " + " | ".join(cells) + " |")
+    titles = {run: {s["name"]: f"{s['decode_impl']}: {s['title']}" for s in runs.replay(run).get("stages_run", [])}
+              for run in names}
+    differ = [st for st in stages if len({titles[run].get(st) for run in names if st in titles[run]}) > 1]
+    if differ:
+        lines += ["", "The records define these stages differently (decode impl: the stage as each run recorded it):",
+                  "", "| stage | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        lines += [f"| {st} | " + " | ".join(titles[run].get(st, "-").replace("|", "\\|") for run in names) + " |"
+                  for st in differ]
     return "\n".join(lines)
 
 
@@ -306,10 +314,9 @@ def story_vs_lab_table(run: str = "h200") -> "pd.DataFrame":
     why = window
     if wide:
         c128 = i32.loc[("sglang", wide)]
-        why += (f"; on the ratio-128 layers SGLang's kernel walks every entry of an index row {int(c128.entries)} "
-                f"wide ({int(c128.valid)} valid), the story's kernel as the lab rebuilt it stops at topk_length "
-                f"({c128.us_per_call / i32.loc[('mma_story', wide)].us_per_call:.0f}x on those calls here); whether "
-                f"the story's kernel did is not published")
+        why += (f"; on the ratio-128 layers both kernels walk every entry of an index row {int(c128.entries)} wide "
+                f"({int(c128.valid)} valid), as SGLang's loop does")
+    why += _bridge_why(rep)
     hop = _hopper_times()
     add(grp, "sparse-MLA decode kernel time, in the model", f"{d.before_ms:g} -> {d.after_ms:g} ms "
         f"({d.before_ms / d.after_ms:.1f}x)", _arrow(*dec, " ms per step") + f" ({_x(*dec):.0f}x)", how, why,
@@ -366,8 +373,8 @@ def story_vs_lab_table(run: str = "h200") -> "pd.DataFrame":
         beyond = "-"
         if C == 1:
             why += (f"; at B = 1 the story's kernel launches {-(-cfg['kernel_heads'] // STORY_TILES.block_h)} "
-                    f"programs: on sm_120 ({story_sms} SMs) the story's tok/s fell with it; here SGLang's kernel "
-                    f"is slower still at B = 1 (its padded ratio-128 rows)")
+                    f"programs a call, SGLang's {cfg['kernel_heads']}: both leave most of either chip's SMs idle"
+                    + _c1_why(rep))
             s2 = R.tok("S2", 1)
             beyond = f"S2 (split-K, built by the lab): {s2:.1f} tok/s ({100 * (s2 / a - 1):+.0f}% vs S0)" if s2 and a else "-"
         add(grp, f"tok/s at concurrency {C}", story, _arrow(a, b, " tok/s", "{:.1f}") +
@@ -417,23 +424,48 @@ def story_vs_lab_table(run: str = "h200") -> "pd.DataFrame":
         "the replay's S0 with 0..21 ratio-4 layers (C = 32); the recorded indexer run (graph replay)",
         "the same fallback and width (the lab's config follows SGLang's max context); the story found it in its "
         "op profile, the lab measures it directly")
-    cap = [(C, _x(R.tok("S0cap", C), R.tok("S0", C))) for C in (B, max(rep["concurrency"]))]
+    capped, base = ("S1cap", "S1") if "S1cap" in rep["stages"] else ("S0cap", "S0")
+    cap = [(C, _x(R.tok(capped, C), R.tok(base, C))) for C in (B, max(rep["concurrency"]))]
     story_cap = float(re.match(r"[\d.]+", runs.story_fact("cap context to 8192")).group(0))
+    where = ("here on S1, where the story capped (after its MMA kernel)" if base == "S1" else
+             "here on S0, SGLang's decode kernel still in: this run has no S1cap")
     add(grp, "cap the context to 8192", runs.story_fact("cap context to 8192"),
-        ", ".join(f"{x:.1f}x at C = {C}" for C, x in cap if x), "campaign replay S0cap / S0 (tok/s)",
-        server + "; the story's concurrency and stage for this figure were not published (here on S0, "
-                 "SGLang's decode kernel still in)", story_cap, cap[0][1])
+        ", ".join(f"{x:.1f}x at C = {C}" for C, x in cap if x), f"campaign replay {capped} / {base} (tok/s)",
+        server + f"; the story's concurrency for this figure was not published ({where})", story_cap, cap[0][1])
     dec1 = (R.ms("S0", profile.DECODE, 1), R.ms("S1", profile.DECODE, 1), R.ms("S2", profile.DECODE, 1))
     add(grp, "the B = 1 regression's cause", runs.story_fact("B=1 regression cause"),
         f"the same 2-program grid on {dev['sm_count']} SMs; decode per step at C = 1: S0 {dec1[0]:.1f}, "
         f"S1 {dec1[1]:.2f}, S2 {dec1[2]:.2f} ms", "campaign replay profiles at C = 1",
-        "the story's kernel at B = 1 against SGLang's on sm_120 is not published; here SGLang's kernel pays its "
-        "padded rows at every batch")
+        "the story's kernel at B = 1 against SGLang's on sm_120 is not published" + _c1_why(rep))
     add(grp, "the machine", runs.story_fact("node"),
         f"{here}: {cfg['name']}, random weights at the real shapes, live context {live}",
         "recorded device", "the lab replays one GPU's work of the story's 8; numbers compare in direction and "
         "size, never as equals")
     return pd.DataFrame(rows)
+
+
+def _bridge_why(rep: dict) -> str:
+    """The measured factors between the story's decode speedup and the run's (dsv4lab.bridge), as a
+    clause; empty for a run recorded without them."""
+    f = {r["factor"]: r for r in rep.get("factors", {}).get("step", {}).get("factors", [])}
+    if not f:
+        return ""
+    mix, res = f["layer-mix factor"], f["residue"]
+    return (f"; the bridge (reproduce.json 'factors'): GPU factor {f['GPU factor']['value']:.2f} (SGLang's "
+            f"kernel fills either chip at this batch, the story's fills neither), layer-mix factor "
+            f"{mix['low']:.2f}-{mix['high']:.2f} over plausible mixes, in-step factor "
+            f"{f['in-step factor']['value']:.2f}, residue {res['value']:.2f} ({min(res['low'], res['high']):.2f}-"
+            f"{max(res['low'], res['high']):.2f})")
+
+
+def _c1_why(rep: dict) -> str:
+    c1 = rep.get("factors", {}).get("c1", {})
+    if "factors" not in c1:
+        return ""
+    res = c1["factors"][-1]["value"]
+    return (f"; from this run's calls at B = 1 moved to the story's GPU (reproduce.json 'factors'), the change "
+            f"would be {c1['change_story_gpu_predicted_pct']:+.0f}% there, against {c1['change_published_pct']:+.0f}% "
+            f"published: a residue of {res:.2f}")
 
 
 #: the recorded run of the Hopper kernel the tables read (experiments/hopper_decode)

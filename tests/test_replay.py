@@ -78,7 +78,7 @@ def test_story_comparison_names_its_differences():
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("reproduce") / "rep"
-    cli(["reproduce", "--quick", "--stages", "S0", "S4", "--out", str(out)])
+    cli(["reproduce", "--quick", "--stages", "S0", "S1", "S4", "S1stop", "S1cap", "S0cap", "--out", str(out)])
     return out
 
 
@@ -88,23 +88,35 @@ def test_reproduce_quick_writes_what_it_promises(quick_run):
     assert names == {"reproduce.json", "tables.md", "throughput.csv", "profile.csv", "kernels.json",
                      "profile_shift.png", "throughput.png", "reproduce.tar.gz"}           # <= 8 files, one folder
     res = json.loads((out / "reproduce.json").read_text())
-    assert set(res["stages"]) == {"S0", "S4"} and res["environment"]["device"]["mode"] == "interpret"
+    assert set(res["stages"]) == {"S0", "S1", "S4", "S1stop", "S1cap", "S0cap"}
+    assert res["environment"]["device"]["mode"] == "interpret"
     for st in res["stages"].values():
         assert [r["C"] for r in st["steps"]] == list(R.CONCURRENCY_CPU) and all(r["finite"] for r in st["steps"])
         assert set(st["profiles"]) == {"1", str(R.PROFILE_BATCH_CPU)} and "fit" in st
         assert st["profiles"][str(R.PROFILE_BATCH_CPU)]["glue_ops"]["ops"]
     t = res["tables"]
-    assert [(x["before"], x["after"]) for x in t["transitions"]] == [("S0", "S4")]
-    assert t["story"] and t["decode"]
+    assert [(x["before"], x["after"]) for x in t["transitions"]] == [
+        ("S0", "S1"), ("S1", "S1stop"), ("S1", "S1cap"), ("S0", "S0cap"), ("S0", "S4")]
+    assert t["story"] and t["decode"] and t["c1"]
+    # the bridge and the sensitivity, on the interpreter's meaningless times: every path runs
+    f = res["factors"]
+    assert f["assumed"] and f["step"]["product"] == pytest.approx(f["step"]["measured"])
+    assert {r["parameter"] for r in res["sensitivity"]["rows"]} == {"ratio-4 layers", "live tokens a request",
+                                                                     "max context"}
+    assert res["sensitivity"]["validation"] and "story_fit" in res["sensitivity"]
+    iso = {(r["impl"], r["call"].split(" (")[0]) for r in res["isolated_decode"] if r["B"] == 1}
+    assert {("mma_story", "ratio 128"), ("mma_story_stop", "ratio 128"), ("sglang", "window")} <= iso
     gs = res["glue_scaling"]
     assert [r["ratio4_layers"] for r in gs["rows"]] == [0, 2] and "glue_per_ratio4_layer_ms" in gs["fit"]
     md = (out / "tables.md").read_text()
     for head in ("## Throughput", "## S0 -> S4", "## Glue breakdown", "## The story beside this run", "## Assumptions",
-                 "## S0's glue vs the number of ratio-4 layers"):
+                 "## S0's glue vs the number of ratio-4 layers", "## C = 1: programs against SMs",
+                 "## From the story's numbers to this run's: the bridge", "## What the replay's chosen parameters do"):
         assert head in md
     with tarfile.open(out / "reproduce.tar.gz") as tf:
         members = {m.name.split("/", 1)[1] for m in tf.getmembers()}
-    assert {"transitions.csv", "glue_ops.csv", "decode.csv", "story_vs_here.csv", "tables.md"} <= members
+    assert {"transitions.csv", "glue_ops.csv", "decode.csv", "story_vs_here.csv", "tables.md", "c1.csv", "factors.csv",
+            "sensitivity.csv"} <= members
     assert (out / "profile_shift.png").stat().st_size > 10_000
 
 
