@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
 import statistics
 import time
@@ -313,5 +314,9 @@ def environment() -> dict:
 
 
 def save(path, payload: dict):
-    with open(path, "w") as f:
+    """``payload`` as JSON at ``path``, written whole or not at all (a temporary file moved into place:
+    a run killed mid-write never leaves a truncated file under the final name)."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
         json.dump(payload, f, indent=1, default=str)
+    os.replace(tmp, path)

@@ -200,9 +200,14 @@ def factors(results: dict, B: int | None = None) -> dict:
     iso_lab, story_lab = speedup(calls, False), speedup(calls, True)
     mixes = []
     for m in plausible_mixes(len(cfg["layer_ratios"])):
-        s = speedup(_mix_calls(m["window_only"], m["ratio4"], len(cfg["layer_ratios"])), True)
+        mix = _mix_calls(m["window_only"], m["ratio4"], len(cfg["layer_ratios"]))
+        if any(n and k not in by for k, n in mix.items()):
+            continue                                          # a kind this run's model has no layer of
+        s = speedup(mix, True)
         mixes.append(dict(m, speedup_story_gpu_predicted=s, mix_factor=story_lab / s,
                           residue=s / story_attention_speedup()))
+    if not mixes:
+        return dict(note="the run's model lacks a layer kind every plausible mix has: no layer-mix factor")
     lo = min(mixes, key=lambda m: m["mix_factor"])
     hi = max(mixes, key=lambda m: m["mix_factor"])
     table = [
@@ -300,6 +305,8 @@ def cost_model(results: dict, B: int | None = None) -> dict | str:
     cfg = _config(results)
     iso = _iso(results)
     n4 = cfg.layer_ratios().count(4)
+    if not n4:
+        return "needs ratio-4 layers (the indexer's cost per layer is measured on them)"
     w0, wcap = cfg.index_max_seq_len(), cfg.index_max_seq_len(st[CAPPED[BEFORE]]["stage"]["max_context"])
     valid = {"window": cfg.window, "ratio 4": min(cfg.index_topk, cfg.live_context // 4),
              "ratio 128": cfg.live_context // 128}

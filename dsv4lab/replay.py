@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -42,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from . import api, bench, bridge, profile, runs
+from . import api, bench, bridge, profile, run_folder, runs
 from .device import ceilings, mode
 from .model import (ASSUMPTIONS, CPU_MODEL, DSV4_FLASH_TP8, GLUE, INDEXER_TOPK, Model, ModelConfig, Stage,
                     assumptions_markdown, weight_bytes)
@@ -880,7 +881,8 @@ def decode_table(results: dict) -> list:
 
 def write_outputs(out: Path, results: dict, quick: bool):
     """reproduce.json, tables.md, throughput.csv, profile.csv, kernels.json, two PNGs and one
-    .tar.gz of everything (at most 8 files, one folder; the smaller CSVs only in the .tar.gz)."""
+    .tar.gz of everything (at most 8 files, one folder; the smaller CSVs only in the .tar.gz).
+    reproduce.json is written after the others and names each with its SHA-256 (``output``)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -910,7 +912,6 @@ def write_outputs(out: Path, results: dict, quick: bool):
              "throughput.csv": out / "throughput.csv", "profile.csv": out / "profile.csv",
              "tables.md": out / "tables.md", "profile_shift.png": out / "profile_shift.png",
              "throughput.png": out / "throughput.png"}
-    bench.save(files["reproduce.json"], results)
     bench.save(files["kernels.json"], dict(
         device=results["environment"]["device"], torch=results["environment"]["torch"], rules=profile.RULES,
         stages={n: {C: dict(source=p["source"], kernels=p["kernels"], region_mismatches=p["region_mismatches"])
@@ -975,6 +976,10 @@ def write_outputs(out: Path, results: dict, quick: bool):
     fig.tight_layout()
     fig.savefig(files["throughput.png"], dpi=110)
     plt.close(fig)
+    # reproduce.json last but the tar: it names every other file with its hash (run_folder.verify)
+    results["output"] = run_folder.manifest(out, [n for n in files if n != "reproduce.json"],
+                                            results.get("run_id", "unnamed"))
+    bench.save(files["reproduce.json"], results)
     tar = out / "reproduce.tar.gz"                   # everything, with the smaller CSVs only here
     with tarfile.open(tar, "w:gz") as t:
         for p in files.values():
@@ -992,11 +997,28 @@ def write_outputs(out: Path, results: dict, quick: bool):
 # the command
 # ---------------------------------------------------------------------------------------------
 
+def glue_scaling_counts(cfg: ModelConfig, counts) -> list:
+    """The ratio-4 layer counts the glue scaling can build from ``cfg`` (no more than its compressed
+    layers): the same list for its run and for the budget's estimate of it."""
+    return [n for n in counts if n <= cfg.layers_c4 + cfg.layers_c128]
+
+
+def budget_plan(cfg: ModelConfig, todo, concurrency, profile_at, scaling_counts, compile_glue: bool) -> dict:
+    """Seconds each part of a GPU run should take (estimates for an H200; the run adapts its repeats
+    and skips what no longer fits); built from the same configurations the run builds."""
+    s0 = stage_for(stage("S0"), cfg)
+    B = profile_at[-1]
+    return dict(setup_s=20.0, stages_s={s.name: estimate_stage_s(cfg, s, concurrency, profile_at) for s in todo},
+                glue_scaling_s=sum(8.0 + 8 * estimate_step_ms(_with_ratio4(cfg, n), s0, B) / 1e3
+                                   for n in glue_scaling_counts(cfg, scaling_counts)),
+                isolated_decode_s=35.0, compile_lesson_s=140.0 if compile_glue else 0.0, outputs_s=10.0)
+
+
 def main(out="reproduce", quick: bool = False, stages=None, budget_s: float | None = None,
          compile_glue: bool = True, config: dict | None = None, log=print) -> dict:
-    """Run the replay and write its files to ``out``; returns the results dict. ``config``:
+    """Run the replay and write its files to ``out`` (dsv4lab.run_folder: into a fresh folder moved
+    into place at the end, so ``out`` is always one whole run); returns the results dict. ``config``:
     ModelConfig fields to change (e.g. the layer mix, live_context)."""
-    from tqdm.auto import tqdm
     gpu = mode() == "cuda"
     if quick and gpu:
         log("--quick on a GPU: the CPU preset's small shapes, compiled kernels")
@@ -1005,24 +1027,31 @@ def main(out="reproduce", quick: bool = False, stages=None, budget_s: float | No
     concurrency = CONCURRENCY_CPU if small else CONCURRENCY
     profile_batch = PROFILE_BATCH_CPU if small else PROFILE_BATCH
     profile_at = (1, profile_batch)               # the story's batch, and C = 1 (its regression)
-    scaling_counts = (0, 2) if small else GLUE_SCALING_COUNTS
+    scaling_counts = glue_scaling_counts(cfg, (0, 2) if small else GLUE_SCALING_COUNTS)
     names = list(stages) if stages else [s.name for s in STAGES]
     todo = [stage_for(stage(n), cfg) for n in names]
+    out = run_folder.check_out(out)
+    plan = budget_plan(cfg, todo, concurrency, profile_at, scaling_counts, compile_glue)
+    with run_folder.writing(out) as stage_dir:
+        results = _run(stage_dir, cfg, todo, concurrency, profile_at, scaling_counts, plan, quick, budget_s,
+                       compile_glue, log)
+    log(f"wrote {', '.join(results['output']['files'])}, reproduce.json and reproduce.tar.gz to {out} "
+        f"in {results['elapsed_s']:.0f} s")
+    return results
+
+
+def _run(out: Path, cfg, todo, concurrency, profile_at, scaling_counts, plan, quick, budget_s, compile_glue,
+         log) -> dict:
+    from tqdm.auto import tqdm
+    gpu = mode() == "cuda"
+    profile_batch = profile_at[-1]
     deadline = Deadline(budget_s or (DEFAULT_BUDGET_S if gpu else 1e9))
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     results = dict(environment=bench.environment(), mode=mode(), quick=quick, config=cfg.as_dict(),
                    assumptions=[dict(topic=t, replay=r, source=s) for t, r, s in ASSUMPTIONS],
                    stages_run=[s.as_dict() for s in todo], concurrency=list(concurrency), profile_batch=profile_batch,
-                   profiled_at=list(profile_at), budget_s=deadline.budget_s, stages={}, skipped=[])
-    # the budget, up front (GPU estimates; the run adapts its repeats and skips what no longer fits)
-    s0 = stage_for(stage("S0"), cfg)
-    est = {s.name: estimate_stage_s(cfg, s, concurrency, profile_at) for s in todo} if gpu else {}
-    plan = dict(setup_s=20.0, stages_s=est,
-                glue_scaling_s=sum(8.0 + 8 * estimate_step_ms(_with_ratio4(cfg, n), s0, profile_batch) / 1e3
-                                   for n in scaling_counts) if gpu else 0.0,
-                isolated_decode_s=35.0 if gpu else 0.0, compile_lesson_s=140.0 if (gpu and compile_glue) else 0.0,
-                outputs_s=10.0)
+                   profiled_at=list(profile_at), budget_s=deadline.budget_s, stages={}, skipped=[],
+                   run_id=f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+    est = plan["stages_s"] if gpu else {}
     results["budget_plan"] = plan
     if gpu:
         log(f"time budget (estimates for an H200; no new work starts after {deadline.budget_s:.0f} s):")
@@ -1049,15 +1078,18 @@ def main(out="reproduce", quick: bool = False, stages=None, budget_s: float | No
         t1 = time.time()
         results["stages"][s.name] = measure_stage(model, s, concurrency, profile_at, deadline=deadline, log=log)
         results["stages"][s.name]["seconds"] = time.time() - t1
-        bench.save(out / "reproduce.json", results)          # partial results survive a kill
-    if deadline.left() > reserve + plan["isolated_decode_s"]:
+        bench.save(out / "reproduce.json", results)          # partial results survive a kill (never 'complete')
+    if not gpu or deadline.left() > reserve + plan["isolated_decode_s"]:
         results["isolated_decode"] = isolated_decode(model, batches=(1, profile_batch), log=log)
     else:
         results["skipped"].append(dict(part="isolated decode", reason="budget"))
     del model
     if gpu:
         torch.cuda.empty_cache()
-    if not gpu or deadline.left() > reserve + plan["glue_scaling_s"]:
+    s0 = stage_for(stage("S0"), cfg)
+    if not scaling_counts:
+        results["skipped"].append(dict(part="glue scaling", reason="the config has no compressed layer"))
+    elif not gpu or deadline.left() > reserve + plan["glue_scaling_s"]:
         results["glue_scaling"] = glue_scaling(cfg, s0, profile_batch, scaling_counts, log=log)
         bench.save(out / "reproduce.json", results)
     else:
@@ -1075,8 +1107,7 @@ def main(out="reproduce", quick: bool = False, stages=None, budget_s: float | No
     results["factors"] = bridge.factors(results)
     results["sensitivity"] = bridge.sensitivity(results)
     results["elapsed_s"] = deadline.elapsed()
-    files = write_outputs(out, results, quick)
-    log(f"wrote {', '.join(str(p) for p in files.values())} in {deadline.elapsed():.0f} s")
+    write_outputs(out, results, quick)
     return results
 
 

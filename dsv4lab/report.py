@@ -259,10 +259,11 @@ class _Replay:
         return None if not f else f[key]
 
 
-def story_vs_lab_table(run: str = "h200") -> "pd.DataFrame":
+def story_vs_lab_table(run: str = "h200", kernel_run: str | None = None) -> "pd.DataFrame":
     """Every figure the story published (data/campaign: story_profile, story_throughput, story_facts)
-    beside the lab's own figure on its recorded device: the campaign replay (``runs.replay``), the
-    recorded decode, indexer and check runs. Columns: group, figure, story, lab, "lab: measured as",
+    beside the lab's own figure on its recorded device: the campaign replay (``runs.replay(run)``), the
+    recorded decode, indexer and check runs (of ``kernel_run``, default ``run``: a replay recorded on
+    its own, e.g. data/runs/h100/reproduce, reads the kernels' runs of another folder). Columns: group, figure, story, lab, "lab: measured as",
     "why they differ", "beyond the story" (the lab's Hopper kernel, impl "hopper", where it has a
     figure), and the change each side reports as one factor (story x, lab x: > 1 is faster) where the
     figure is a change. The story's numbers are never mixed into the lab's."""
@@ -322,7 +323,8 @@ def story_vs_lab_table(run: str = "h200") -> "pd.DataFrame":
         f"({d.before_ms / d.after_ms:.1f}x)", _arrow(*dec, " ms per step") + f" ({_x(*dec):.0f}x)", how, why,
         _x(d.before_ms, d.after_ms), _x(*dec))
     # the kernel alone, full 512-entry rows
-    dt = runs.table("decode", run)
+    kernel_run = kernel_run or run
+    dt = runs.table("decode", kernel_run)
     t = dt.pivot_table(index="B", columns="impl", values="graph_us")
     story_alone = i32.loc[("mma_story", "ratio 4")].us_per_call if ("mma_story", "ratio 4") in i32.index else None
     sg_alone = i32.loc[("sglang", "ratio 4")].us_per_call if ("sglang", "ratio 4") in i32.index else None
@@ -392,7 +394,7 @@ def story_vs_lab_table(run: str = "h200") -> "pd.DataFrame":
 
     # -- the other published figures (story_facts) -----------------------------------------------------
     grp = "other published figures"
-    ch = runs.table("checks", run)
+    ch = runs.table("checks", kernel_run)
     tc = ch[ch.impl.isin(["mma", "splitk", "splitk_auto"])].vs_simt_err.dropna()
     add(grp, "MMA vs SIMT kernel, relative error", runs.story_fact("MMA vs SIMT kernel rel. error"),
         f"<= {tc.max():.1e} (mma, splitk, splitk_auto vs the lab's SIMT kernel, {tc.size} checks)",
@@ -409,7 +411,7 @@ def story_vs_lab_table(run: str = "h200") -> "pd.DataFrame":
         "here the base is the glue + FP32 GEMM kernels (the story counts the indexer's bmm in the glue; its base "
         "is not published); same ops, the fallback's bmm heavier here")
     gs = rep.get("glue_scaling", {})
-    ix = runs.table("indexer", run)
+    ix = runs.table("indexer", kernel_run)
     ix = ix[(ix.kind == "time") & (ix.B == B)].pivot_table(index="max_seq_len", columns="impl", values="graph_us")
     L, live = cfg["index_max_seq_len"], cfg["live_context"]
     lab = ""
@@ -507,9 +509,9 @@ def _hopper_check() -> str:
 STORY_VS_LAB_COLUMNS = ("figure", "story", "lab", "why they differ", "beyond the story")
 
 
-def story_vs_lab_markdown(run: str = "h200", columns=STORY_VS_LAB_COLUMNS) -> str:
+def story_vs_lab_markdown(run: str = "h200", columns=STORY_VS_LAB_COLUMNS, kernel_run: str | None = None) -> str:
     """:func:`story_vs_lab_table`'s ``columns`` as a markdown table (the README's block)."""
-    df = story_vs_lab_table(run)
+    df = story_vs_lab_table(run, kernel_run)
     cols = list(columns)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for _, r in df.iterrows():

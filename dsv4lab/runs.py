@@ -187,12 +187,12 @@ def replay(run: str = "h200") -> dict:
     every stage) of run ``run``, data/runs/<run>/reproduce/reproduce.json, as the JSON dict: the config,
     the assumptions, every stage's steps, fit and profiles, the isolated decode calls, S0's glue
     scaling, the torch.compile lesson, and under "tables" every table its tables.md prints."""
+    from .run_folder import verify
     path = data_dir() / "runs" / run / "reproduce" / "reproduce.json"
     if not path.exists():
         raise FileNotFoundError(f"run {run!r} has no recorded replay (data/runs/{run}/reproduce/reproduce.json; "
                                 f"`python -m dsv4lab reproduce --out data/runs/{run}/reproduce` on a GPU writes it)")
-    with open(path) as f:
-        return json.load(f)
+    return verify(path.parent)
 
 
 def replays() -> list[str]:
