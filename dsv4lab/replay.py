@@ -166,12 +166,12 @@ def estimate_step_ms(cfg: ModelConfig, s: Stage, C: int) -> float:
 
 def estimate_stage_s(cfg, s, concurrency, profile_at) -> float:
     """Seconds one stage takes: Triton compiles (~10 s), per C three eager warm-ups + capture +
-    ~max(3, 2 s worth of) replays; where profiled 3 replays (~1.5 s to read the profile) and, at
+    ~max(3, 1 s worth of) replays; where profiled 3 replays (~1.5 s to read the profile) and, at
     the last profiled C, a profiled eager step (~4 s to read)."""
     t = 10.0
     for C in concurrency:
         ms = estimate_step_ms(cfg, s, C)
-        t += (4 * ms + max(3 * ms, 2000.0)) / 1e3 + 0.5
+        t += (4 * ms + max(3 * ms, 1000.0)) / 1e3 + 0.5
         if C in profile_at:
             t += 3 * ms / 1e3 + 1.5
         if C == profile_at[-1]:
@@ -306,7 +306,7 @@ def measure_stage(model: Model, s: Stage, concurrency, profile_at, *, deadline: 
                 g, out = bench.capture(fn)
                 row["capture_s"] = time.time() - t0
                 first = replay_ms(g, 1)[0]
-                n = int(max(3, min(20, 2000.0 / max(first, 1e-3))))
+                n = int(max(3, min(20, 1000.0 / max(first, 1e-3))))
                 if deadline.left() < 60:
                     n = 3
                 times = replay_ms(g, n)
