@@ -1,6 +1,7 @@
 """Notebooks 06-07's widgets: the stage-pair explorer at a grid that puts every stage on both sides
 at every recorded concurrency (each setting also runs both stages' tiny step now and compares their
-logits), and the story-vs-lab view at every figure of the table."""
+logits), the story-vs-lab view at every figure of the table, and the sensitivity view (the cost model
+of dsv4lab.bridge over a replay's recorded per-layer costs) at every setting of each of its knobs."""
 import dsv4lab  # noqa: F401  (first: sets the mode before anything imports triton)
 import matplotlib
 import pytest
@@ -56,3 +57,71 @@ def test_story_row_view_every_figure(no_show, capsys):
     with pytest.raises(ValueError, match="figure must be one of"):
         widgets.story_row_view(table, "no such figure")
     widgets.explore_story_vs_lab(table)
+
+
+# ---- notebook 07's sensitivity widget: the cost model over a replay's recorded per-layer costs ------
+
+def _with_sensitivity():
+    """A run with recorded costs: test_bridge's synthetic GPU-shaped run (known costs), and every
+    recorded replay that carries a sensitivity."""
+    from test_bridge import synthetic_run
+
+    from dsv4lab import bridge
+    syn = synthetic_run()
+    syn["sensitivity"] = bridge.sensitivity(syn)
+    out = [pytest.param("synthetic", syn, id="synthetic")]
+    for run in runs.replays():
+        rec = runs.replay(run)
+        if isinstance(rec.get("sensitivity", {}).get("costs"), dict):
+            out.append(pytest.param(run, rec, id=run))
+    return out
+
+
+@pytest.mark.parametrize("name, res", _with_sensitivity())
+def test_sensitivity_view_every_setting_of_each_knob(name, res, no_show, capsys):
+    from dsv4lab import bridge
+    cfg, costs = res["config"], res["sensitivity"]["costs"]
+    opts = widgets.sensitivity_options(res)
+    own = dict(ratio4=cfg["layers_c4"], live=cfg["live_context"], max_context=cfg["max_context"])
+    assert all(own[k] in opts[k] for k in own)
+    # at the replay's own setting the view gives back what the run wrote as its setting
+    got = widgets.sensitivity_view(res, **own)
+    for k, v in res["sensitivity"]["replay_setting"].items():
+        assert got[k] == pytest.approx(v), k
+    assert "the replay's own setting" in capsys.readouterr().out
+    views = 1
+    for knob, values in opts.items():
+        for v in values:
+            at = dict(own, **{knob: v})
+            got = widgets.sensitivity_view(res, **at)
+            if at["live"] > at["max_context"]:
+                assert "error" in got and "cannot exceed" in capsys.readouterr().out
+                continue
+            views += 1
+            want = bridge.predict(costs, res, **at)
+            assert got["attention_speedup"] == pytest.approx(want["attention_speedup"])
+            assert got["c1_change_pct"] == pytest.approx(want["c1_change_pct"])
+    assert len(no_show) == views
+    ui = widgets.explore_sensitivity(res)
+    assert [c.value for c in ui.children[:3]] == [own["ratio4"], own["live"], own["max_context"]]
+
+
+def test_sensitivity_grid_and_a_run_without_costs():
+    from test_bridge import synthetic_run
+
+    from dsv4lab import bridge
+    res = synthetic_run()
+    res["sensitivity"] = bridge.sensitivity(res)
+    grid = widgets.sensitivity_grid(res, ratio4=[0, 21], live=[8192, 131072], max_context=[8192, 1048576])
+    assert len(grid) == 2 * 3                                   # 131072 live tokens do not fit a max of 8192
+    one = grid[(grid.ratio4 == 21) & (grid.live == 8192) & (grid.max_context == 1048576)].iloc[0]
+    assert one.attention_speedup == pytest.approx(res["sensitivity"]["replay_setting"]["attention_speedup"])
+    fit = res["sensitivity"]["story_fit"]
+    best = widgets.sensitivity_grid(res, [fit["ratio4"]], [fit["live"]], [fit["max_context"]]).iloc[0]
+    assert best.story_share_miss_pts == pytest.approx(fit["largest_miss_pts"])
+    old = runs.replay()
+    if "sensitivity" not in old:                              # a replay recorded before the sensitivity
+        with pytest.raises(ValueError, match="no recorded per-layer costs"):
+            widgets.explore_sensitivity(old)
+    with pytest.raises(ValueError, match="no recorded per-layer costs"):
+        widgets.sensitivity_view(dict(res, sensitivity=dict(note="needs the stages")), 1, 8192, 1048576)
