@@ -1070,14 +1070,12 @@ def sensitivity_view(results: dict, ratio4: int, live: int, max_context: int) ->
                 ax.plot(grid[par], grid[key], "-", color="C0")
                 ax.plot([at[par]], [p[key]], "o", color="C3")
                 ax.axhline(target[key], color="k", ls="--", lw=0.8)
-                if key == "attention_speedup":
-                    ax.set_yscale("log")
-                    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-                    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-                ax.set_ylabel(("S0 -> S1 decode\nspeedup (x, log)", "tok/s change at\nC = 1, S0 -> S1 (%)")[i - 1]
+                ax.set_ylabel(("S0 -> S1 decode\nspeedup (x)", "tok/s change at\nC = 1, S0 -> S1 (%)")[i - 1]
                               if j == 0 else "")
             ax.axvline(own[par], color="0.5", ls=":", lw=1)
-            if par != "ratio4":
+            if par == "ratio4":
+                ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+            else:
                 ax.set_xscale("log", base=2)
             ax.grid(alpha=0.3)
         axes[-1, j].set_xlabel(names[par])
