@@ -348,7 +348,7 @@ CASES: list[Case] = [
     Case("sparse_decode", "sm_scale numpy.float32(0.05)", "either", _sm_scale_numpy,
          gets="accepted: the same answer as 0.05"),
     Case("sparse_decode", "impl='fast'", "either", lambda: _decode(impl="fast"), ValueError,
-         "impl must be one of ['auto', 'hopper', 'mma', 'mma_story', 'reference', 'sglang', 'simt', 'splitk', 'splitk_auto'], got 'fast'"),
+         f"impl must be one of {api.impls('sparse_decode')}, got 'fast'"),   # the registry's names
     Case("sparse_decode", "checks='fast'", "either", lambda: _decode(checks="fast"), ValueError,
          "checks must be one of ('device', 'sync'), got 'fast'"),
     Case("sparse_decode", "checks='device' with check_ranges=True", "either",
