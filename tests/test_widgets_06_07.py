@@ -128,3 +128,16 @@ def test_sensitivity_grid_and_a_run_without_costs():
             widgets.explore_sensitivity(old)
     with pytest.raises(ValueError, match="no recorded per-layer costs"):
         widgets.sensitivity_view(dict(res, sensitivity=dict(note="needs the stages")), 1, 8192, 1048576)
+
+
+@pytest.mark.parametrize("run", runs.replays())
+def test_story_vs_lab_table_of_every_replay_with_the_kernel_runs_of_h200(run):
+    """Notebook 07 reads a replay recorded in a folder of its own (data/runs/<run>/reproduce) beside the
+    kernels' recorded runs of another (kernel_run): every figure gets a row, and the kernel-alone row
+    reads kernel_run's decode table."""
+    table = report.story_vs_lab_table(run, kernel_run="h200")
+    assert len(table) == len(report.story_vs_lab_table()) and (table["why they differ"].str.len() > 0).all()
+    B = runs.replay(run)["profile_batch"]
+    sg = runs.table("decode", "h200").pivot_table(index="B", columns="impl", values="graph_us").loc[B, "sglang"]
+    row = table[table.figure.str.startswith("sparse-MLA decode, the kernel alone")].iloc[0]
+    assert f"SGLang's kernel {sg:.0f} us per call" in row["lab"]
