@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from . import errors, reference
+from . import concurrency, errors, reference
 from .cache import (DATA_BYTES, HEAD_DIM, INDEX_DIM, MAX_PACKED_SCALE_BYTE, NOPE_DIM, IndexKCache, KVCache,
                     int_arg, scale_bytes)
 
@@ -46,7 +46,7 @@ class Impl:
     reads_dead_pages: bool = False   # indexer: gathers every page-table entry, not only the live ones
     guards_inputs: bool = False      # indexer: clamps seq_lens, cuts at a bad live page id and flags both itself
     prepare: Callable | None = None  # indexer_topk: (checked args, max_seq_len, topk) -> a callable for
-                                     # later calls of the same signature, or None (indexer_topk's _PREPARED)
+                                     # later calls of the same signature, or None (api.prepared_calls)
 
 
 OPS = ("sparse_decode", "indexer_logits", "indexer_topk")
@@ -474,7 +474,8 @@ def indexer_topk(q, index_cache, weights, seq_lens, page_table, *, max_seq_len: 
     known = _IMPLS["indexer_topk"].get(impl) if type(impl) is str else None
     key = (_signature(impl, checks, q, index_cache, weights, seq_lens, page_table, max_seq_len, topk)
            if known is not None and known.prepare is not None else None)
-    prepared = _PREPARED.get(key) if key is not None else None
+    calls = concurrency.prepared_calls()
+    prepared = calls.get(key) if key is not None else None
     if prepared is not None:
         out = prepared(q, index_cache, weights, seq_lens, page_table)
         if out is not None:
@@ -486,29 +487,35 @@ def indexer_topk(q, index_cache, weights, seq_lens, page_table, *, max_seq_len: 
     if key is not None and prepared is None:
         prepared = entry.prepare(q, index_cache, weights, seq_lens, page_table, L, k)
         if prepared is not None:
-            if len(_PREPARED) >= 256:
-                _PREPARED.clear()
-            _PREPARED[key] = prepared
+            if len(calls) >= 256:
+                calls.clear()
+            calls[key] = prepared
     return out
 
 
-#: indexer_topk's prepared calls (Impl.prepare) by argument signature: an eager call that repeats a
-#: signature whose checks passed goes straight to its launches (experiments/eager_host_path)
-_PREPARED: dict = {}
+def prepared_calls() -> dict:
+    """indexer_topk's prepared calls (Impl.prepare) of this caller (this thread; keyed by argument
+    signature and CUDA stream, dsv4lab.concurrency): an eager call that repeats a signature whose checks
+    passed goes straight to its launches (experiments/eager_host_path), on workspaces of its own."""
+    return concurrency.prepared_calls()
 
 
 def _signature(impl, checks, q, index_cache, weights, seq_lens, page_table, max_seq_len, topk):
-    """What indexer_topk's checks and planning depend on, as a key, or None where a call is not to be
-    prepared: checks other than the default "device", scalars that are not plain ints (a numpy or
-    torch integer, a bool), tensors of a subclass. The cache is keyed by its id (the prepared call
-    also holds a weak reference and compares the object)."""
+    """What indexer_topk's checks and planning depend on, and the caller's stream, as a key, or None
+    where a call is not to be prepared: checks other than the default "device", scalars that are not
+    plain ints (a numpy or torch integer, a bool), tensors of a subclass, a CUDA-graph capture (whose
+    workspaces are its own). The cache is keyed by its id (the prepared call also holds a weak
+    reference and compares the object)."""
     T = torch.Tensor
     if (checks not in (None, "device") or type(max_seq_len) is not int or type(topk) is not int
             or type(q) is not T or type(weights) is not T or type(seq_lens) is not T or type(page_table) is not T):
         return None
+    stream = concurrency.stream_key(q.device)
+    if stream is concurrency.CAPTURING:
+        return None
     return (impl, max_seq_len, topk, id(index_cache), q.shape, q.dtype, q.device, q.stride(), weights.shape,
             weights.dtype, weights.device, weights.stride(), seq_lens.shape, seq_lens.dtype, seq_lens.device,
-            seq_lens.stride(), page_table.shape, page_table.dtype, page_table.device, page_table.stride())
+            seq_lens.stride(), page_table.shape, page_table.dtype, page_table.device, page_table.stride(), stream)
 
 
 @register("indexer_topk", "reference", description="float64, the judge (dsv4lab.reference)", graph_safe=False)

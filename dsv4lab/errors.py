@@ -13,8 +13,11 @@ again with ``checks="sync"`` to have the offending value itself named.
 from __future__ import annotations
 
 import enum
+import threading
 
 import torch
+
+from . import concurrency
 
 
 class OneLine:
@@ -60,10 +63,14 @@ class DeviceInputError(ValueError):
 
 
 _WORDS: dict[torch.device, torch.Tensor] = {}
+_MAKING = threading.Lock()
 
 
 def _key(device) -> torch.device:
     d = torch.device(device)
+    if d.type not in ("cpu", "cuda"):
+        raise ValueError(f"dsv4lab's ops run on CUDA or CPU tensors; got {d.type} (a {d.type} tensor holds no data "
+                         f"a kernel could read)")
     if d.type == "cuda" and d.index is None:
         d = torch.device("cuda", torch.cuda.current_device())
     return d
@@ -72,38 +79,55 @@ def _key(device) -> torch.device:
 def word(device) -> torch.Tensor:
     """This device's error word, int32 [1] (made on first use, which must not be inside a CUDA-graph
     capture: a graph would own its memory; every op runs eagerly once before capture anyway, since
-    Triton compiles on the first launch)."""
+    Triton compiles on the first launch). One per device for the process, whichever thread asks first."""
     w = _WORDS.get(device)                 # a tensor's .device (cuda:N): the fast path of every launch
     if w is not None:
         return w
     d = _key(device)
-    w = _WORDS.get(d)
-    if w is None:
-        if d.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"dsv4lab's error word for {d} does not exist yet and cannot be made inside a "
-                               f"CUDA-graph capture: run the op (or dsv4lab.check_errors()) once before capturing")
-        w = _WORDS[d] = torch.zeros(1, dtype=torch.int32, device=d)
+    with _MAKING:
+        w = _WORDS.get(d)
+        if w is None:
+            if d.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(f"dsv4lab's error word for {d} does not exist yet and cannot be made inside a "
+                                   f"CUDA-graph capture: run the op (or dsv4lab.check_errors()) once before capturing")
+            w = _WORDS[d] = torch.zeros(1, dtype=torch.int32, device=d)
     return w
 
 
 def set_flag(device, flag: Flag, when: torch.Tensor):
-    """OR ``flag`` into the device's word where the 0-d bool tensor ``when`` is true, on the device (no sync)."""
+    """OR ``flag`` into the device's word where the 0-d bool tensor ``when`` is true, on the device (no
+    sync): with an atomic on a GPU, as the kernels set their bits (a read-modify-write there could undo
+    a bit another stream sets at the same moment), under the interpreter's lock on the CPU."""
     w = word(device)
-    w.bitwise_or_(when.to(torch.int32) * int(flag))
+    if w.is_cuda:
+        from .kernels import common
+        common.or_word(w, when, int(flag))
+        return
+    with concurrency.INTERPRETER_LOCK:
+        w.bitwise_or_(when.to(torch.int32) * int(flag))
 
 
 def read(device=None, *, clear: bool = True) -> Flag:
     """The bits set on ``device`` (default: every device that has a word), cleared unless ``clear=False``.
-    Reads the device: a host sync, refused inside a CUDA-graph capture."""
+    Reads the device: a host sync, refused inside a CUDA-graph capture. A GPU's word is read after the
+    device has finished everything launched before (on any stream), and swapped for 0 in one atomic
+    exchange: a bit set at the same moment by work on another stream is either in this read or left for
+    the next, never lost. A CPU word is read and cleared under the interpreter's lock."""
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         raise RuntimeError("check_errors() reads the device (a host sync): call it outside CUDA-graph capture, "
                            "e.g. after a replay")
     words = [word(device)] if device is not None else list(_WORDS.values())
     bits = 0
     for w in words:
-        bits |= int(w.item())
-        if clear:
-            w.zero_()
+        if w.is_cuda:
+            from .kernels import common
+            torch.cuda.synchronize(w.device)
+            bits |= common.swap_word(w, clear)
+            continue
+        with concurrency.INTERPRETER_LOCK:
+            bits |= int(w.item())
+            if clear:
+                w.zero_()
     return Flag(bits)
 
 

@@ -295,8 +295,9 @@ class PreparedStep:
     work instead of the checks and the planning every time (experiments/eager_host_path).
 
     Calling it returns the positions, or None where the full path must run instead: another cache
-    object, ``LOGITS`` or ``TOPK`` replaced, outputs to poison (``testing.poisoned``), or a
-    workspace to zero again after a CUDA-graph capture (``common.reused``)."""
+    object, ``LOGITS`` or ``TOPK`` replaced, or outputs to poison (``testing.poisoned``). Its
+    workspaces are its caller's (the thread and stream it was prepared for: api.prepared_calls keys
+    it by them)."""
 
     def __init__(self, q, index_cache, weights, seq_lens, page_table, max_seq_len: int, k: int):
         B = q.shape[0]
@@ -322,7 +323,7 @@ class PreparedStep:
         return PreparedStep(q, index_cache, weights, seq_lens, page_table, max_seq_len, k)
 
     def __call__(self, q, index_cache, weights, seq_lens, page_table):
-        if (self.cache() is not index_cache or common._POISON[0] or common._UNZEROED
+        if (self.cache() is not index_cache or common._POISON[0]
                 or self.options[0] is not LOGITS or self.options[1] is not TOPK):
             return None
         logits = torch.empty(self.logits_shape, dtype=torch.float32, device=self.device)

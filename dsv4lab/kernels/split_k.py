@@ -9,8 +9,9 @@ bf16 on the GPU, fp32 in the interpreter; lse_i fp32); a second launch merges th
 
 Slices with no valid token have lse_i = -inf and weigh 0; a row with none at all gives o = 0,
 lse = -inf; the sink is applied once, after the merge. NSPLIT depends only on (B, H, K) and the
-SM count (planning.py), never on data, and the workspace is allocated once per shape, so both
-launches capture in a CUDA graph. ``splitk_auto`` picks tiles and NSPLIT (1 = the stage-2 launch
+SM count (planning.py), never on data, and the workspace is kept per shape for each caller (per
+thread and stream) and allocated afresh in a CUDA-graph capture (dsv4lab.concurrency), so both
+launches capture in a CUDA graph and concurrent callers never read each other's partials. ``splitk_auto`` picks tiles and NSPLIT (1 = the stage-2 launch
 alone) with the launch-time model in planning.plans; it is the stage the story shipped, and what
 ``auto`` runs wherever the Hopper kernel does not (kernels/auto.py).
 """
@@ -134,11 +135,15 @@ def _combine_args(B, H, nsplit, D, partials: torch.dtype, has_sink, pdl, heads, 
 
 
 def workspace(B, H, nsplit, device, partials: str = "float32", *, poison: bool = False):
-    """Partials (o [B, H, NSPLIT, 512] in ``partials``, lse [B, H, NSPLIT] fp32), allocated once
-    per shape and reused (common.reused: a CUDA graph captures their addresses; two split-K calls
-    of one shape must not run concurrently on different streams)."""
-    return (common.reused("split_k.o", (B, H, nsplit, 512), getattr(torch, partials), device, poison=poison),
-            common.reused("split_k.lse", (B, H, nsplit), torch.float32, device, poison=poison))
+    """Partials (o [B, H, NSPLIT, 512] in ``partials``, lse [B, H, NSPLIT] fp32): the caller's own,
+    kept per shape and reused on its every call; fresh while a CUDA graph is captured
+    (common.workspaces)."""
+    ws = common.workspaces(("split_k", B, H, nsplit, partials, device), device, lambda: (
+        torch.empty((B, H, nsplit, 512), dtype=getattr(torch, partials), device=device),
+        torch.empty((B, H, nsplit), dtype=torch.float32, device=device)))
+    if poison:
+        common.poison_all(*ws)
+    return ws
 
 
 def partials_for(B, H, nsplit, device, partials: str):

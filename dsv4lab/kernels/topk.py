@@ -542,15 +542,17 @@ def launches(B: int, width: int, stride_xb: int, k: int, launch: TopkLaunch, pag
         def run(logits, seq_lens, table, out):
             one(logits, seq_lens, out, out, table, err if guard else seq_lens, out, seq_lens, seq_lens)
         return run
-    # the chunks' candidates, kept per shape (common.reused); their rows are S*k wide (made contiguous
-    # by reused), the answer's k wide: strides from the shapes, not stride() calls on every call
-    pos = common.reused("topk.pos", (B, S * k), i32, device)
-    val = common.reused("topk.val", (B, S * k), f32, device)
-    if launch.merge == "fused":
-        # the rows' ticket counters: zero when made, and back to zero after every launch; each chunk's
-        # largest key (written before every read)
-        count = common.reused("topk.count", (B,), i32, device, poison=False, zeroed=True)
-        kmax = common.reused("topk.max", (B, S), i32, device)
+    # the chunks' candidates, the caller's own, kept per shape (common.workspaces); their rows are S*k
+    # wide, the answer's k wide: strides from the shapes, not stride() calls on every call. The fused
+    # merge's rows' ticket counters: zero when made, and back to zero after every launch (poisoned
+    # never); each chunk's largest key (written before every read)
+    fused_merge = launch.merge == "fused"
+    pos, val, count, kmax = common.workspaces(("topk", B, S, k, fused_merge, device), device, lambda: (
+        torch.empty((B, S * k), dtype=i32, device=device), torch.empty((B, S * k), dtype=f32, device=device),
+        common.counters(B, device) if fused_merge else None,
+        torch.empty((B, S), dtype=i32, device=device) if fused_merge else None))
+    common.poison_all(pos, val, kmax)
+    if fused_merge:
         fused = launcher((B, S), (width, k, stride_xb, S * k, k, num_pages, pt_stride), chunks,
                          (f32, i32, i32, f32) + (i32,) * 5)
 
