@@ -145,6 +145,33 @@ def _tensor(name, x, *, dim=None, dtypes=None, device=None, shape=None):
         raise ValueError(f"{name} must be on {device} (the cache's device), got {x.device}")
 
 
+#: devices the ops run on in this process's mode (a set, not device.type: that costs ~0.4 us a call)
+_RUNS_HERE: set = set()
+
+
+def check_device(device: torch.device, name: str = "cache"):
+    """Refuse, before anything launches or touches the error word, a device or a mode the ops cannot run
+    in, in one line naming it: cuda mode runs on the current CUDA device, interpret mode (Triton's CPU
+    interpreter) on CPU tensors, compile mode nowhere (kernels are compiled, never launched) except
+    inside ``compile_report.planned_for``, which records the launches."""
+    if device not in _RUNS_HERE:
+        from . import device as dev
+        m = dev.mode()
+        if m == "compile":
+            if dev._PLANNED:
+                return
+            raise ValueError("DSV4LAB_MODE=compile: dsv4lab's kernels are compiled for a GPU this machine lacks and "
+                             "never run (compile_report.planned_for records their launches); unset DSV4LAB_MODE to run")
+        want, where = ("cuda", "the GPU") if m == "cuda" else ("cpu", "Triton's CPU interpreter")
+        if device.type != want:
+            why = "; a meta tensor holds no data" if device.type == "meta" else ""
+            raise ValueError(f"{name} is on {device}: in {m} mode ({where}) dsv4lab's ops take {want} tensors{why}")
+        _RUNS_HERE.add(device)
+    if device.index is not None and device.index != torch._C._cuda_getDevice():
+        raise ValueError(f"{name} is on {device} but the current CUDA device is cuda:{torch._C._cuda_getDevice()}: "
+                         f"the kernels launch on the current device; call inside `with torch.cuda.device({device})`")
+
+
 def softmax_scale(value, name: str = "sm_scale") -> float:
     """The softmax scale as a float: a finite positive real (Python or numpy int/float); None means
     1/sqrt(512). bool, tensors, NaN, inf and values <= 0 are refused."""
@@ -154,7 +181,11 @@ def softmax_scale(value, name: str = "sm_scale") -> float:
         raise TypeError(f"{name} must be a positive float (finite, > 0; a Python or numpy number), got "
                         f"{type(value).__name__} {value!r}" +
                         (": pass float(x) (a GPU tensor would need a host sync)" if isinstance(value, torch.Tensor) else ""))
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:                 # an int past float's range
+        raise ValueError(f"{name} must be a positive float (finite, > 0), got an int of {int(value).bit_length()} "
+                         f"bits, past float's range") from None
     if not (math.isfinite(v) and v > 0):
         raise ValueError(f"{name} must be a positive float (finite, > 0), got {value!r}")
     return v
@@ -179,6 +210,7 @@ def check_sparse_decode_args(q, cache, indices, topk_len, sm_scale, attn_sink, c
     if not isinstance(cache, KVCache):
         raise TypeError(f"{n['cache']} must be a dsv4lab.cache.KVCache (from pack_kv), got {type(cache).__name__}")
     dev = cache.device
+    check_device(dev, n["cache"])
     _tensor("q", q, dim=3, dtypes=_FLOATS, device=dev)
     B, H, D = q.shape
     if D != HEAD_DIM:
@@ -338,12 +370,35 @@ def _decode_entry(fn):
     return run
 
 
+def peer_rows(out, lse, indices, topk_len, *, empty_at: float = -math.inf):
+    """The decode's non-finite contract for code that does not keep it itself (SGLang's kernel, the float64
+    reference), on its (out [B, (1,) H, 512], lse [B, (1,) H]) before the sink: a row it could not compute
+    is NaN in out and lse, flagged NONFINITE, never a plausible answer. Such a row has a non-finite output,
+    a NaN or +inf lse, or (although it read a token: ``indices`` [B, K] and ``topk_len`` as sanitized) an
+    lse of "no token": at or below ``empty_at``, as float32 (every score lost below the code's finite
+    starting value or to -inf, an extreme sm_scale or q; or a float64 lse past float32's range)."""
+    read = indices >= 0
+    if topk_len is not None:
+        read &= torch.arange(indices.shape[1], device=indices.device)[None, :] < topk_len[:, None]
+    has = read.any(1).view(-1, *(1,) * (lse.dim() - 1))
+    lse32 = lse.float()
+    bad = ~torch.isfinite(out).all(-1) | torch.isnan(lse32) | (lse32 == math.inf) | (has & (lse32 <= empty_at))
+    errors.set_flag(out.device, errors.Flag.NONFINITE, bad.any())
+    return out.masked_fill(bad[..., None], math.nan), lse.masked_fill(bad, math.nan)
+
+
 @register("sparse_decode", "reference", description="float64, the judge (dsv4lab.reference)", graph_safe=False)
 def _sparse_decode_reference(q, cache, indices, *, topk_len, sm_scale, attn_sink):
     from .kernels import guards
     indices, topk_len = guards.sanitize_decode(indices, topk_len, attn_sink, cache.num_tokens)
-    out, lse = reference.sparse_decode(q, cache, indices, topk_len, sm_scale, attn_sink)
-    return out.to(torch.bfloat16), lse
+    out, lse = peer_rows(*reference.sparse_decode_float64(q, cache, indices, topk_len, sm_scale), indices, topk_len)
+    if attn_sink is not None:
+        out, lse = reference.sink_float64(out, lse, attn_sink)
+    return out.to(torch.bfloat16), lse.float()
+
+
+#: the longest context the indexer addresses: positions are int32
+MAX_SEQ_LEN = 2**31 - 1
 
 
 def check_indexer_args(q, index_cache, weights, seq_lens, page_table, max_seq_len, checks="device") -> int:
@@ -355,6 +410,7 @@ def check_indexer_args(q, index_cache, weights, seq_lens, page_table, max_seq_le
         raise TypeError(f"index_cache must be a dsv4lab.cache.IndexKCache (from pack_index_k), "
                         f"got {type(index_cache).__name__}")
     dev = index_cache.device
+    check_device(dev, "index_cache")
     _tensor("q", q, dim=3, dtypes=_FLOATS + (torch.float8_e4m3fn,), device=dev)
     B, Hi, D = q.shape
     if D != INDEX_DIM or Hi < 1:
@@ -363,6 +419,8 @@ def check_indexer_args(q, index_cache, weights, seq_lens, page_table, max_seq_le
     _tensor("seq_lens", seq_lens, dim=1, dtypes=(torch.int32,), device=dev, shape=(B,))
     _tensor("page_table", page_table, dim=2, dtypes=(torch.int32,), device=dev, shape=(B, None))
     max_seq_len = int_arg("max_seq_len", max_seq_len, 1)
+    if max_seq_len > MAX_SEQ_LEN:
+        raise ValueError(f"max_seq_len must be at most 2**31 - 1 (positions are int32), got {max_seq_len}")
     ps = index_cache.page_size
     if page_table.shape[1] * ps < max_seq_len:
         raise ValueError(f"page_table must have at least ceil(max_seq_len/{ps}) = {-(-max_seq_len // ps)} "
@@ -447,16 +505,22 @@ def _indexer_logits_reference(q, index_cache, weights, seq_lens, page_table, *, 
     return reference.indexer_logits(q, index_cache, weights, seq_lens, page_table, max_seq_len)
 
 
-#: the largest top-k: the positions and output slots are int32
+#: the largest top-k the kernels can index: the positions and output slots are int32
 MAX_TOPK = 2**31 - 1
+#: a top-k may exceed max_seq_len by padding up to this many slots: the widest top-k of DeepSeek's
+#: sparse attention (V3.2's 2048; DSv4's is 512), whatever the context
+TOPK_PAD_LIMIT = 2048
 
 
-def topk_arg(topk) -> int:
-    """``topk`` as an int in [1, MAX_TOPK] (a larger one would overflow the int32 slots, or fail
-    to allocate its output far from here)."""
+def topk_arg(topk, max_seq_len: int) -> int:
+    """``topk`` as a positive int of at most max(max_seq_len, TOPK_PAD_LIMIT): a row has max_seq_len
+    positions and every slot past them is -1, so a larger top-k would only allocate padding (its
+    output, and the top-k's candidates several times over)."""
     k = int_arg("topk", topk, 1)
-    if k > MAX_TOPK:
-        raise ValueError(f"topk must be at most 2**31 - 1 (positions are int32), got {k}")
+    bound = max(max_seq_len, TOPK_PAD_LIMIT)
+    if k > bound:
+        raise ValueError(f"topk must be at most max(max_seq_len, {TOPK_PAD_LIMIT}) = {bound} (a row has max_seq_len "
+                         f"positions; every slot past them would be -1 padding), got {k}")
     return k
 
 
@@ -482,7 +546,7 @@ def indexer_topk(q, index_cache, weights, seq_lens, page_table, *, max_seq_len: 
             return out
     entry = _pick("indexer_topk", impl)
     L = check_indexer_args(q, index_cache, weights, seq_lens, page_table, max_seq_len, checks_mode(checks))
-    k = topk_arg(topk)
+    k = topk_arg(topk, L)
     out = entry.fn(q, index_cache, weights, seq_lens, page_table, max_seq_len=L, topk=k)
     if key is not None and prepared is None:
         prepared = entry.prepare(q, index_cache, weights, seq_lens, page_table, L, k)

@@ -47,6 +47,20 @@ def in_cache(tok, num_tokens):
 
 
 @triton.jit
+def any_token(ROW, lo, hi, num_tokens, BLOCK: tl.constexpr):
+    """Whether entries lo .. hi-1 of an index row name a token of the cache. The decode kernels scan
+    for it after their loop, and only for a block holding a row whose softmax weighed nothing: such a
+    row either had no token (out 0, lse -inf) or lost every score below the running max's finite
+    starting value or to -inf (an extreme sm_scale or q), which no kernel may answer as "no token"."""
+    found = tl.zeros([BLOCK], dtype=tl.int32)
+    t = tl.arange(0, BLOCK)
+    for s in range(lo, hi, BLOCK):
+        tok = tl.load(ROW + s + t, mask=s + t < hi, other=-1)
+        found = tl.maximum(found, in_cache(tok, num_tokens).to(tl.int32))
+    return tl.max(found, axis=0) > 0
+
+
+@triton.jit
 def row_length(TOPK_LEN, b, K, HAS_TOPK_LEN: tl.constexpr):
     """(entries of row b to read, error bits): topk_len[b] clamped to [0, K] (TOPK_LEN_FLAG if it lay
     outside), or K without a topk_len."""

@@ -30,9 +30,9 @@ import triton.language as tl
 from .. import errors
 from ..api import register
 from ..planning import STORY_TILES, Launch, choose_tiles, launch_for, per_shape
-from .common import (INDEX_FLAG, LOG2E, MAX_SCALE_BYTE, NONFINITE_FLAG, SINK_FLAG, alloc, cache_views, cdiv, decode_call,
-                     dequant_kv, dot_dtype, finish, gather_kv_tile, in_cache, launch_kernel, load_kv_raw, out_dtype,
-                     prefetch_kv_l2_bulk, row_length, token_limit)
+from .common import (INDEX_FLAG, LOG2E, MAX_SCALE_BYTE, NONFINITE_FLAG, SINK_FLAG, alloc, any_token, cache_views, cdiv,
+                     decode_call, dequant_kv, dot_dtype, finish, gather_kv_tile, in_cache, launch_kernel, load_kv_raw,
+                     out_dtype, prefetch_kv_l2_bulk, row_length, token_limit)
 
 
 @triton.jit
@@ -77,22 +77,33 @@ def _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, FOLD_SCALE: tl.constexpr
 
 
 @triton.jit
-def _finish_rows(m_i, l_i, acc, SINK, heads, hmask, HAS_SINK: tl.constexpr, CHECK_OUT: tl.constexpr = True):
+def _finish_rows(m_i, l_i, acc, SINK, heads, hmask, ROW, lo, hi, num_tokens, HAS_SINK: tl.constexpr,
+                 BLOCK: tl.constexpr, CHECK_OUT: tl.constexpr = True):
     """(out, lse, error bits) of a block of rows from the running max (log2 units), sum and
-    accumulator; a row with no valid token gives out 0 and lse -inf (or the sink). The sink adds
-    exp(sink[h]) to the softmax denominator: lse' = logaddexp(lse, sink), out' = out * exp(lse - lse').
-    Bits: SINK_FLAG for a non-finite sink, NONFINITE_FLAG (CHECK_OUT) for a non-finite output."""
-    has = l_i > 0.0
-    lse = tl.where(has, (m_i + tl.math.log2(tl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
-    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    accumulator; a row with no valid token (entries lo .. hi-1 of the index row ROW) gives out 0 and
+    lse -inf (or the sink). The sink adds exp(sink[h]) to the softmax denominator: lse' =
+    logaddexp(lse, sink), out' = out * exp(lse - lse'). A row that cannot be computed is NaN in out
+    and lse, never "no token": a NaN sum (a non-finite q, score or cache value), or a sum of 0 although
+    a token was read (every score below the running max's starting value or -inf: an extreme sm_scale
+    or q; common.any_token). Bits: SINK_FLAG for a non-finite sink, NONFINITE_FLAG (CHECK_OUT) for a
+    non-finite output."""
+    empty = l_i == 0.0                       # NaN is not empty: its row comes out NaN
+    lost = tl.zeros_like(empty)
+    if tl.min(l_i, axis=0) == 0.0:           # a row weighed nothing: did it read a token?
+        lost = empty & any_token(ROW, lo, hi, num_tokens, BLOCK)
+    l_safe = tl.where(empty, 1.0, l_i)
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) / 1.4426950408889634)
+    out = acc / l_safe[:, None]
     flags = tl.full([], 0, tl.int32)
     if HAS_SINK:
         sink = tl.load(SINK + heads, mask=hmask, other=0.0).to(tl.float32)
         new_lse = tl.maximum(lse, sink) + tl.log(1.0 + tl.exp(-tl.abs(lse - sink)))
-        new_lse = tl.where(has, new_lse, sink)
+        new_lse = tl.where(empty, sink, new_lse)
         out = out * tl.exp(lse - new_lse)[:, None]
         lse = new_lse
         flags |= tl.where(tl.min((tl.abs(sink) < float("inf")).to(tl.int32), axis=0) == 1, 0, SINK_FLAG)
+    lse = tl.where(lost, float("nan"), lse)
+    out = tl.where(lost[:, None], float("nan"), out)
     if CHECK_OUT:
         # one reduction over the block after the loop (NaN fails the compare). Over the whole block,
         # not row sums then rows: Triton 3.6 cannot reduce a row vector of an sm_100 (tcgen05)
@@ -127,7 +138,8 @@ def _story_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE, ERR,
         valid = (pos < n_valid) & in_cache(tok, num_tokens)
         kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, DOT)
         m_i, l_i, acc = _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale)
-    out, lse, fin = _finish_rows(m_i, l_i, acc, SINK, heads, hmask, HAS_SINK)
+    out, lse, fin = _finish_rows(m_i, l_i, acc, SINK, heads, hmask, IDX + b * stride_ib, 0, n_valid, num_tokens,
+                                 HAS_SINK, BLOCK_N)
     tl.store(O + b * stride_ob + heads[:, None] * stride_oh + col[None, :], out.to(O.dtype.element_ty),
              mask=hmask[:, None])
     tl.store(LSE + b * H + heads, lse, mask=hmask)
@@ -231,7 +243,8 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
             kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, DOT, DEQUANT_BITS)
             m_i, l_i, acc = _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, FOLD_SCALE)
     # split slices leave the sink and the check of the output to the merge (split_k.py)
-    out, lse, fin = _finish_rows(m_i, l_i, acc, SINK, heads, hmask, HAS_SINK and not SPLIT, not SPLIT)
+    out, lse, fin = _finish_rows(m_i, l_i, acc, SINK, heads, hmask, row, lo, hi, num_tokens, HAS_SINK and not SPLIT,
+                                 BLOCK_N, not SPLIT)
     o_ptr = O + b * stride_ob + heads[:, None] * stride_oh + sp * stride_os + col[None, :]
     tl.store(o_ptr, out.to(O.dtype.element_ty), mask=hmask[:, None])
     # LSE is [B, H] (final) or [B, H, NSPLIT] (partials), contiguous

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from ..api import register
-from .common import (INDEX_FLAG, NONFINITE_FLAG, SINK_FLAG, decode_call, finish, gather_kv_tile, in_cache,
+from .common import (INDEX_FLAG, NONFINITE_FLAG, SINK_FLAG, any_token, decode_call, finish, gather_kv_tile, in_cache,
                      row_length)
 
 BLOCK_T = 16
@@ -50,17 +50,24 @@ def _simt_decode_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE, 
         l_i = l_i * alpha + tl.sum(p, axis=0)
         acc = acc * alpha + tl.sum(p[:, None] * kv, axis=0)
         m_i = m_new
-    has = l_i > 0.0
-    lse = tl.where(has, (m_i + tl.math.log2(tl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
-    out = acc / tl.where(has, l_i, 1.0)
+    # as head_batched._finish_rows: a NaN sum gives a NaN row, a sum of 0 after reading a token a NaN row
+    empty = l_i == 0.0
+    lost = tl.zeros_like(empty)
+    if empty:
+        lost = any_token(IDX + b * stride_ib, 0, n_valid, num_tokens, BLOCK_T)
+    l_safe = tl.where(empty, 1.0, l_i)
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) / 1.4426950408889634)
+    out = acc / l_safe
     flags |= tl.where(tl.max(top, axis=0) >= num_tokens, INDEX_FLAG, 0)
     if HAS_SINK:
         sink = tl.load(SINK + h).to(tl.float32)
         flags |= tl.where(tl.abs(sink) < float("inf"), 0, SINK_FLAG)
         new_lse = tl.maximum(lse, sink) + tl.log(1.0 + tl.exp(-tl.abs(lse - sink)))
-        new_lse = tl.where(has, new_lse, sink)
+        new_lse = tl.where(empty, sink, new_lse)
         out = out * tl.exp(lse - new_lse)
         lse = new_lse
+    lse = tl.where(lost, float("nan"), lse)
+    out = tl.where(lost, float("nan"), out)
     flags |= tl.where(tl.sum((tl.abs(out) < float("inf")).to(tl.int32), axis=0) == D, 0, NONFINITE_FLAG)
     tl.store(O + b * stride_ob + h * stride_oh + col, out.to(O.dtype.element_ty))
     tl.store(LSE + b * H + h, lse)

@@ -39,13 +39,15 @@ def merge_partials(O_PART, LSE_PART, SINK, O, LSE, ERR, b, heads, hmask, H, nspl
         lse = log(sum_i exp(lse_i)),   o = sum_i exp(lse_i - lse) * o_i
 
     Splits with lse_i = -inf (no valid token) weigh 0; a row with none at all gives o = 0,
-    lse = -inf; the sink is applied once, here. All NSPLIT partials of a column chunk are
-    loaded in one [heads, splits, DCHUNK] tensor so the loads overlap. Loads bypass L1 (.cg).
-    A non-finite sink or output sets its bit in the error word ERR (dsv4lab.errors)."""
+    lse = -inf; the sink is applied once, here. A row with a NaN partial lse (a slice that could not
+    be computed) or a non-finite output is NaN in lse too, never "no token". All NSPLIT partials of a
+    column chunk are loaded in one [heads, splits, DCHUNK] tensor so the loads overlap. Loads bypass
+    L1 (.cg). A non-finite sink or output sets its bit in the error word ERR (dsv4lab.errors)."""
     s = tl.arange(0, SPLIT_P2)
     smask = s < nsplit
     lse_i = tl.load(LSE_PART + (b * H + heads)[:, None] * nsplit + s[None, :],
                     mask=hmask[:, None] & smask[None, :], other=float("-inf"), cache_modifier=".cg")
+    bad = tl.max((lse_i != lse_i).to(tl.int32), axis=1) > 0         # a NaN partial: the row cannot be computed
     m = tl.max(lse_i, axis=1)
     has = m > float("-inf")
     w = tl.where(lse_i > float("-inf"), tl.exp(lse_i - tl.where(has, m, 0.0)[:, None]), 0.0)
@@ -66,12 +68,13 @@ def merge_partials(O_PART, LSE_PART, SINK, O, LSE, ERR, b, heads, hmask, H, nspl
         o_i = tl.load(O_PART + b * stride_pb + heads[:, None, None] * stride_ph + s[None, :, None] * stride_ps
                       + col[None, None, :], mask=hmask[:, None, None] & smask[None, :, None] & cmask[None, None, :],
                       other=0.0, cache_modifier=".cg")
-        out = tl.sum(w[:, :, None] * o_i, axis=1)
+        out = tl.where(bad[:, None], float("nan"), tl.sum(w[:, :, None] * o_i, axis=1))
         finite = (tl.abs(out) < float("inf")) | ~(hmask[:, None] & cmask[None, :])
-        flags |= tl.where(tl.min(finite.to(tl.int32), axis=None) == 1, 0, NONFINITE_FLAG)
+        bad |= tl.min(finite.to(tl.int32), axis=1) == 0
         tl.store(O + b * stride_ob + heads[:, None] * stride_oh + col[None, :], out.to(O.dtype.element_ty),
                  mask=hmask[:, None] & cmask[None, :])
-    tl.store(LSE + b * H + heads, lse, mask=hmask)
+    flags |= tl.where(tl.max(bad.to(tl.int32), axis=0) > 0, NONFINITE_FLAG, 0)
+    tl.store(LSE + b * H + heads, tl.where(bad, float("nan"), lse), mask=hmask)
     tl.atomic_or(ERR, flags, mask=flags != 0)
 
 
