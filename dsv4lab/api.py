@@ -164,8 +164,8 @@ def check_device(device: torch.device, name: str = "cache"):
                              "never run (compile_report.planned_for records their launches); unset DSV4LAB_MODE to run")
         want, where = ("cuda", "the GPU") if m == "cuda" else ("cpu", "Triton's CPU interpreter")
         if device.type != want:
-            why = "; a meta tensor holds no data" if device.type == "meta" else ""
-            raise ValueError(f"{name} is on {device}: in {m} mode ({where}) dsv4lab's ops take {want} tensors{why}")
+            why = ", which holds no data" if device.type == "meta" else ""
+            raise ValueError(f"{name} is on {device}{why}: in {m} mode ({where}) dsv4lab's ops take {want} tensors")
         _RUNS_HERE.add(device)
     if device.index is not None and device.index != torch._C._cuda_getDevice():
         raise ValueError(f"{name} is on {device} but the current CUDA device is cuda:{torch._C._cuda_getDevice()}: "
@@ -476,9 +476,11 @@ def _indexer_entry(fn, *, op, dead_pages, guarded=False):
             return fn(q.contiguous(), index_cache, weights.contiguous(), seq_lens.contiguous(), _rows(page_table),
                       max_seq_len=max_seq_len, **kw)
         from .kernels import guards
+        q, weights = q.contiguous(), weights.contiguous()
         seq, table = guards.sanitize_indexer(seq_lens.contiguous(), _rows(page_table), max_seq_len,
-                                             index_cache.num_pages, index_cache.page_size, whole_table=dead_pages)
-        return fn(q.contiguous(), index_cache, weights.contiguous(), seq, table, max_seq_len=max_seq_len, **kw)
+                                             index_cache.num_pages, index_cache.page_size, whole_table=dead_pages,
+                                             q=q, weights=weights)
+        return fn(q, index_cache, weights, seq, table, max_seq_len=max_seq_len, **kw)
     return run
 
 
@@ -582,7 +584,16 @@ def _signature(impl, checks, q, index_cache, weights, seq_lens, page_table, max_
             seq_lens.stride(), page_table.shape, page_table.dtype, page_table.device, page_table.stride(), stream)
 
 
+def flag_nonfinite_logits(logits, seq_lens):
+    """The top-k's non-finite contract for impls that rank logits made in torch: INDEXER_NONFINITE where a
+    live logit (position < seq_lens[b], the guard's sanitized lengths) is NaN or inf, which a top-k would
+    rank first (NaN, +inf) or never choose (-inf). One pass over the logits, no host sync."""
+    live = torch.arange(logits.shape[1], device=logits.device)[None, :] < seq_lens[:, None]
+    errors.set_flag(logits.device, errors.Flag.INDEXER_NONFINITE, (live & ~torch.isfinite(logits)).any())
+
+
 @register("indexer_topk", "reference", description="float64, the judge (dsv4lab.reference)", graph_safe=False)
 def _indexer_topk_reference(q, index_cache, weights, seq_lens, page_table, *, max_seq_len, topk):
     logits = reference.indexer_logits(q, index_cache, weights, seq_lens, page_table, max_seq_len)
+    flag_nonfinite_logits(logits, seq_lens)
     return reference.topk_indices(logits, topk)

@@ -36,6 +36,7 @@ class Flag(enum.IntFlag):
     NONFINITE = 8      # sparse decode: an output came out NaN or inf
     SEQ_LEN = 16       # indexer: seq_lens outside [0, max_seq_len]
     PAGE = 32          # indexer: a live page id outside [0, index_cache.num_pages)
+    INDEXER_NONFINITE = 64   # indexer: non-finite q or weights, or a live logit that came out non-finite
 
 
 #: what each bit means to the caller: what was wrong and what the op did instead
@@ -43,11 +44,15 @@ MEANING = {
     Flag.INDEX: "sparse decode: an index >= cache.num_tokens (that entry was read as padding: left out)",
     Flag.TOPK_LEN: "sparse decode: a topk_len outside [0, K] (below 0 read as 0, above K as K)",
     Flag.SINK: "sparse decode: a non-finite attn_sink (the rows of that head are NaN, or 0 with lse +inf)",
-    Flag.NONFINITE: "sparse decode: an output row came out NaN or inf (a non-finite q, or cache bytes the "
-                    "packers never write: a UE8M0 scale byte > 134, an fp8 NaN byte, a non-finite rope value)",
+    Flag.NONFINITE: "sparse decode: an output row came out NaN or inf, or could not be computed (a non-finite q, "
+                    "cache bytes the packers never write, or an extreme sm_scale or q whose scores all overflow or "
+                    "underflow): its out and lse are NaN, never 'no token'",
     Flag.SEQ_LEN: "indexer: a seq_len outside [0, max_seq_len] (below 0 read as 0, above as max_seq_len)",
     Flag.PAGE: "indexer: a live page id outside [0, index_cache.num_pages) (that request's positions from "
                "that page on are -inf: never read, never chosen)",
+    Flag.INDEXER_NONFINITE: "indexer: non-finite q or weights, or a live position's logit that came out NaN or "
+                            "inf (the top-k ranks NaN and +inf first and never chooses -inf: that row's top-k is "
+                            "not an answer)",
 }
 
 

@@ -37,6 +37,7 @@ SINK_FLAG = tl.constexpr(int(Flag.SINK))
 NONFINITE_FLAG = tl.constexpr(int(Flag.NONFINITE))
 SEQ_LEN_FLAG = tl.constexpr(int(Flag.SEQ_LEN))
 PAGE_FLAG = tl.constexpr(int(Flag.PAGE))
+INDEXER_NONFINITE_FLAG = tl.constexpr(int(Flag.INDEXER_NONFINITE))
 
 
 @triton.jit
@@ -92,6 +93,19 @@ def live_length(SEQ, PT, b, max_seq_len, num_pages, stride_pb, PAGE: tl.constexp
         first = tl.minimum(first, tl.min(tl.where(bad, p, live), axis=0))
     flags |= tl.where(first < live, PAGE_FLAG, 0)
     return tl.minimum(seq, first * PAGE), flags
+
+
+@triton.jit
+def nonfinite_query(Q, W, b, stride_qb, stride_qh, stride_wb, H, HP: tl.constexpr, D: tl.constexpr):
+    """INDEXER_NONFINITE_FLAG where request b's indexer q [H, D] or weights [H] hold a NaN or inf (no
+    kernel may rank positions by them: relu on the GPU even drops a NaN score), else 0."""
+    h = tl.arange(0, HP)
+    d = tl.arange(0, D)
+    q = tl.load(Q + b * stride_qb + h[:, None] * stride_qh + d[None, :], mask=h[:, None] < H, other=0.0)
+    w = tl.load(W + b * stride_wb + h, mask=h < H, other=0.0)
+    ok = tl.min(tl.min((tl.abs(q.to(tl.float32)) < float("inf")).to(tl.int32), axis=1), axis=0)
+    ok = ok & tl.min((tl.abs(w.to(tl.float32)) < float("inf")).to(tl.int32), axis=0)
+    return tl.where(ok == 1, 0, INDEXER_NONFINITE_FLAG)
 
 
 def decode_call(q, cache, indices, topk_len, attn_sink, sm_scale):

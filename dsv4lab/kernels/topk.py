@@ -81,7 +81,7 @@ from .. import errors
 from ..api import MAX_TOPK
 from ..device import info, is_interpret
 from . import common
-from .common import alloc, launch_kernel, live_length, next_power_of_2
+from .common import INDEXER_NONFINITE_FLAG, alloc, launch_kernel, live_length, next_power_of_2
 
 
 @dataclass(frozen=True)
@@ -134,6 +134,8 @@ class TopkLaunch:
 TOPK = TopkLaunch()
 #: output positions one store of the -1 padding covers
 OUT_BLOCK = 1024
+#: +inf's key (order_keys): a key at or above it is a +inf or NaN logit
+INF_KEY = tl.constexpr(0xFF800000)
 
 
 @triton.jit
@@ -356,8 +358,15 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, MAXK, width, k, stride_x
         key0 = tl.where(offs < n, key0, 0)
         tl.atomic_or(ERR, flags, mask=(flags != 0) & (s == 0))
     SEL: tl.constexpr = 1 if STAGE == 3 else STAGE                    # stage 3's chunks store as stage 1's
-    p, kmax = _select(row, out, aux, n, key0, held0, k, start, words, tl.zeros([], tl.int32), tl.zeros([], tl.uint32),
-                      TILE, RADIX, OUT_BLOCK, ANCHOR, SEL, REBASE, SHARED_HIST, False)
+    p, kmax, k_all = _select(row, out, aux, n, key0, held0, k, start, words, tl.zeros([], tl.int32),
+                             tl.zeros([], tl.uint32), TILE, RADIX, OUT_BLOCK, ANCHOR, SEL, REBASE, SHARED_HIST, False)
+    if GUARD:
+        # a live logit NaN or +inf (ranked first: pass 0's largest key, ANCHOR > 0), or -inf where fewer
+        # than k were chosen (never chosen, as a dead position): a logit the indexer could not compute
+        bad = k_all < tl.minimum(k, n)
+        if ANCHOR > 0:
+            bad |= kmax >= INF_KEY
+        tl.atomic_or(ERR, INDEXER_NONFINITE_FLAG, mask=bad)
     if STAGE == 3:
         tl.store(MAXK + b * SPLIT + s, kmax.to(tl.int32, bitcast=True))
         # every thread's candidate stores before the ticket's release (barrier + acq_rel atomic);
@@ -384,7 +393,7 @@ def _select(row, out, aux, n, key0, held0, k, start, words, p, kmax, TILE: tl.co
     ``STAGE`` says (_store), then the -1 (and, stage 1, -inf) padding of the k output slots.
     Refining pass p counts (_count, _counted) by ballots, or (SHARED_HIST) in shared histogram p % 3
     at ``words``, from the ``p`` given. ``kmax`` (KMAX_GIVEN): the keys' largest, known already.
-    Returns the passes counted and the keys' largest (0 if ANCHOR is 0)."""
+    Returns the passes counted, the keys' largest (0 if ANCHOR is 0) and how many keys were chosen."""
     offs = tl.arange(0, TILE)
     NB: tl.constexpr = 1 << RADIX
     bins = tl.arange(0, NB)
@@ -463,7 +472,7 @@ def _select(row, out, aux, n, key0, held0, k, start, words, p, kmax, TILE: tl.co
         tl.store(out + c + o, tl.full([OUT_BLOCK], -1, tl.int32), mask=pad)
         if STAGE == 1:
             tl.store(aux + c + o, tl.full([OUT_BLOCK], float("-inf"), tl.float32), mask=pad)
-    return p, kmax
+    return p, kmax, k_all
 
 
 def split_for(B: int, width: int, k: int, sm_count: int, tile: int = 8192, most: int = 4) -> int:
