@@ -16,6 +16,11 @@ Two modes, chosen per call with ``checks=``:
   Graph-safe: this is what runs inside a CUDA-graph capture.
 * ``"sync"``: the same, after host checks of the data that name the offending value (a few host
   syncs per call). Under CUDA-graph capture, where nothing may sync, it runs as ``"device"``.
+
+Either way, every impl of an op keeps one non-finite contract: what it cannot compute it flags and
+gives as NaN (a decode row's out and lse), never a plausible answer (:func:`peer_rows` keeps it for
+code the lab does not own). A device or mode the ops do not run in is refused before anything
+launches (:func:`check_device`). Concurrent callers: dsv4lab.concurrency.
 """
 from __future__ import annotations
 
@@ -325,7 +330,11 @@ def sparse_decode(q, cache, indices, *, topk_len=None, sm_scale=None, attn_sink=
 
     ``checks="device"`` (default; no host sync, graph-safe): an index >= cache.num_tokens is read as
     padding, a topk_len outside [0, K] is clamped, and each is flagged in the device's error word, as
-    are a non-finite sink and a non-finite output (``dsv4lab.check_errors()`` raises naming them).
+    are a non-finite sink and a non-finite output (``dsv4lab.check_errors()`` raises naming them). A
+    row no impl can compute (a non-finite q or cache value, or an extreme but finite sm_scale or q
+    whose scores all overflow or underflow float32) is NaN in out and in lse, flagged, never out 0
+    with lse -inf ("no token"): every impl either answers a row as the float64 reference does or
+    gives it NaN.
     Scale bytes above 134, which the packers never write, are not looked at: launches with the
     "bits" dequant give NaN in the rows that read them (flagged), the others the value 2^(byte-127).
     ``checks="sync"`` also checks the data before launching and names the first offending value:
@@ -493,9 +502,10 @@ def indexer_logits(q, index_cache, weights, seq_lens, page_table, *, max_seq_len
     may hold anything), max_seq_len a positive int (numpy/torch integers too); any strides; B = 0
     gives [0, max_seq_len]. ``checks="device"`` (default, no host sync): a seq_len outside
     [0, max_seq_len] is clamped, a request whose live pages hold an id outside [0, num_pages) is cut
-    at that page (its positions from there on are -inf), each flagged for ``dsv4lab.check_errors()``;
-    non-finite q or weights give NaN logits (not flagged). ``checks="sync"`` refuses all of these
-    before launching, naming the value (and live pages holding bytes the packer never writes).
+    at that page (its positions from there on are -inf), each flagged for ``dsv4lab.check_errors()``,
+    as are non-finite q or weights (the logits are what the arithmetic gives: NaN or inf). ``checks="sync"``
+    refuses all of these before launching, naming the value (and live pages holding bytes the packer
+    never writes).
     """
     entry = _pick("indexer_logits", impl)
     L = check_indexer_args(q, index_cache, weights, seq_lens, page_table, max_seq_len, checks_mode(checks))
@@ -530,8 +540,10 @@ def indexer_topk(q, index_cache, weights, seq_lens, page_table, *, max_seq_len: 
                  impl: str = "reference", checks: str | None = None):
     """Top-k token positions int32 [B, topk] of the indexer logits, -1 padded (a row has fewer
     than ``topk`` positions < seq_len); arguments and ``checks`` as :func:`indexer_logits`, topk a
-    positive int. The positions are a set for the sparse decode; their order is the impl's:
-    descending logit for the torch paths and the reference, ascending position for impl="triton"
+    positive int of at most max(max_seq_len, 2048). A live logit that came out NaN or inf (non-finite
+    q or weights, an overflow) is flagged by every impl: NaN and +inf rank first, -inf is never chosen,
+    so that row's positions are not an answer. The positions are a set for the sparse decode; their
+    order is the impl's: descending logit for the torch paths and the reference, ascending position for impl="triton"
     (whose ties at the k-th value go to the lower position: ``reference.topk_positions`` is its
     exact contract). An impl with ``Impl.prepare`` (impl="triton") keeps what a call's checks and
     launch planning decided under its argument signature (shapes, strides, dtypes, devices, the

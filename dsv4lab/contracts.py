@@ -24,7 +24,7 @@ import torch
 from . import api, cache as C, errors, reference
 from .device import mode as dsv4lab_mode, torch_device
 from .errors import DeviceInputError
-from .testing import OUT_TOL, rel_err, strided_view
+from .testing import OUT_TOL, negative_scores_inputs, rel_err, right_or_nan, runnable_impls, strided_view
 
 
 @dataclass(frozen=True)
@@ -307,65 +307,26 @@ def _shapes_bad_mode():
     config.shapes("gpu")
 
 
-def _impls_here(op="sparse_decode") -> list:
-    """The impls of ``op`` this process can run (a new impl is walked as soon as it is registered)."""
-    from .kernels import hopper, indexer_gemm, sglang_peer
-    out = []
-    for impl in api.impls(op):
-        needs = api.impl_info(op, impl).needs
-        if "sm_90" in needs and hopper.unavailable_reason() is not None:
-            continue
-        if "sglang" in needs:
-            try:
-                sglang_peer.module() if op == "sparse_decode" else indexer_gemm.sglang_function()
-            except ImportError:
-                continue
-        out.append(impl)
-    return out
-
-
-def _right_or_nan(got, want, flags):
-    """Each row of ``got`` (out, lse) is ``want``'s (float64, as float32) or NaN in both out and lse, flagged
-    NONFINITE when any is: never a plausible other number, never lse -inf ("no token") for a row that read one."""
-    (out, lse), (ro, rl) = got, want
-    nan = torch.isnan(lse)
-    assert bool(torch.isnan(out.float()).flatten(2).any(-1)[nan].all()), "a NaN lse with a finite output"
-    assert bool(flags & errors.Flag.NONFINITE) == bool(nan.any()), (flags, int(nan.sum()))
-    ok = ~nan
-    if bool(ok.any()):
-        assert rel_err(out.float()[ok], ro[ok]) <= OUT_TOL and rel_err(lse[ok], rl[ok]) <= 1e-3
-    return int(nan.sum())
-
-
 def _nan_q_every_impl():
     """q[0, 1] holds a NaN: that row is NaN in out and lse for every impl, the others answered, flagged."""
     q, cache, idx, _ = _decode_inputs()
     q = q.clone()
     q[0, 1, 3] = math.nan
-    for impl in _impls_here():
+    for impl in runnable_impls():
         errors.read()
         got = api.sparse_decode(q, cache, idx, impl=impl)
-        assert _right_or_nan(got, reference.sparse_decode(q, cache, idx), errors.read()) == 1, impl
+        assert right_or_nan(got, reference.sparse_decode(q, cache, idx), errors.read()) == 1, impl
     api.sparse_decode(q, cache, idx, impl="auto")                 # its flag left for check_errors()
-
-
-def _negative_scores():
-    """Decode inputs whose every score is negative: positive cache values, a negative q."""
-    g = torch.Generator().manual_seed(5)
-    dev = torch_device()
-    cache = C.pack_kv((torch.rand(32, 512, generator=g) + 0.1).to(dev), 16)
-    q = (-(torch.rand(2, 4, 512, generator=g) + 0.1)).to(torch.bfloat16).to(dev)
-    return q, cache, torch.arange(16, dtype=torch.int32, device=dev).reshape(2, 8)
 
 
 def _extreme_scale_every_impl(scale, negative=False, all_nan=None):
     """Every impl answers sm_scale ``scale`` as float64 does or gives NaN rows, flagged (all of them,
     where ``all_nan``)."""
-    q, cache, idx = _negative_scores() if negative else _decode_inputs()[:3]
+    q, cache, idx = negative_scores_inputs() if negative else _decode_inputs()[:3]
     want = reference.sparse_decode(q, cache, idx, sm_scale=scale)
-    for impl in _impls_here():
+    for impl in runnable_impls():
         errors.read()
-        nan = _right_or_nan(api.sparse_decode(q, cache, idx, sm_scale=scale, impl=impl), want, errors.read())
+        nan = right_or_nan(api.sparse_decode(q, cache, idx, sm_scale=scale, impl=impl), want, errors.read())
         assert all_nan is None or (nan == idx.shape[0] * q.shape[1]) == all_nan, (impl, nan)
     api.sparse_decode(q, cache, idx, sm_scale=scale, impl="auto")  # its flags (if any) left for check_errors()
 
@@ -375,20 +336,20 @@ def _merged_low_lse():
     <= -1e20 as "no token" and drops both. The lab's impls give the float64 answer; SGLang's own
     function (impl='sglang') gives NaN rows, flagged."""
     from .merged_decode import flash_mla_sparse_decode
-    q, cache, idx = _negative_scores()
+    q, cache, idx = negative_scores_inputs()
     want = reference.flash_mla_sparse_decode(q, cache, idx[:, :4], sm_scale=1e25, extra_cache=cache,
                                              extra_indices=idx[:, 4:])
     assert float(want[1].max()) < -1e20
-    for impl in _impls_here():
+    for impl in runnable_impls():
         errors.read()
         got = flash_mla_sparse_decode(q, cache, idx[:, :4], None, None, 512, 1e25, cache, idx[:, 4:], impl=impl)
-        nan = _right_or_nan(got, want, errors.read())
+        nan = right_or_nan(got, want, errors.read())
         assert (nan > 0) == (impl == "sglang"), (impl, nan)
 
 
 def _indexer_flagged_every_impl(op, change):
     """``op`` with ``change`` applied to the indexer inputs: every impl flags INDEXER_NONFINITE."""
-    for impl in _impls_here(op):
+    for impl in runnable_impls(op):
         errors.read()
         _indexer(op, impl=impl, change=change, **({"topk": 16} if op == "indexer_topk" else {}))
         assert errors.read() & errors.Flag.INDEXER_NONFINITE, impl
@@ -445,7 +406,7 @@ def _empty_cache_all_padding():
     q, cache, _, _ = _decode_inputs()
     empty = C.KVCache(cache.buffer, cache.page_size, 0)
     idx = torch.full((2, 8), -1, dtype=_I32, device=q.device)
-    for impl in _impls_here():
+    for impl in runnable_impls():
         out, lse = api.sparse_decode(q, empty, idx, impl=impl)
         assert (out == 0).all() and (lse == -math.inf).all(), impl
 

@@ -9,6 +9,11 @@ that lives as long as the process, so a captured CUDA graph writes the same word
 replay). :func:`check_errors` reads the word (one host sync), clears it and raises
 :class:`DeviceInputError` naming every kind of bad input seen since the last check; run the call
 again with ``checks="sync"`` to have the offending value itself named.
+
+Concurrent callers share the word (one per device, for the process): kernels on any stream, and
+replayed graphs, OR their bits in with atomics; :func:`check_errors` synchronizes the device and swaps
+the word for 0 atomically, so a flag is reported once, by the first check after the work that set it
+(whichever thread calls it), and never lost to a concurrent clear (dsv4lab.concurrency).
 """
 from __future__ import annotations
 
