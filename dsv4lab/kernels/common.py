@@ -48,17 +48,21 @@ def in_cache(tok, num_tokens):
 
 
 @triton.jit
-def any_token(ROW, lo, hi, num_tokens, BLOCK: tl.constexpr):
-    """Whether entries lo .. hi-1 of an index row name a token of the cache. The decode kernels scan
-    for it after their loop, and only for a block holding a row whose softmax weighed nothing: such a
-    row either had no token (out 0, lse -inf) or lost every score below the running max's finite
-    starting value or to -inf (an extreme sm_scale or q), which no kernel may answer as "no token"."""
-    found = tl.zeros([BLOCK], dtype=tl.int32)
-    t = tl.arange(0, BLOCK)
-    for s in range(lo, hi, BLOCK):
-        tok = tl.load(ROW + s + t, mask=s + t < hi, other=-1)
-        found = tl.maximum(found, in_cache(tok, num_tokens).to(tl.int32))
-    return tl.max(found, axis=0) > 0
+def track_tokens_init(BLOCK: tl.constexpr):
+    """The start of :func:`track_tokens`' record: (largest index -1, smallest index as unsigned 2^32 - 1)."""
+    top = tl.full([BLOCK], -1, dtype=tl.int32)
+    return top, top.to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def track_tokens(top, low, tok):
+    """A decode loop's record of the indices ``tok`` it loaded (-1 past its row), one max and one min
+    an index: the largest (one past the cache is flagged after the loop) and the smallest as unsigned
+    (padding wraps above every token, so ``min(low) < num_tokens`` says the loop read a token of the
+    cache). A row whose softmax then weighed nothing although a token was read lost every score below
+    the running max's finite starting value or to -inf (an extreme sm_scale or q): it is NaN, never
+    "no token"."""
+    return tl.maximum(top, tok), tl.minimum(low, tok.to(tl.uint32, bitcast=True))
 
 
 @triton.jit

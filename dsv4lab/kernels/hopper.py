@@ -117,8 +117,9 @@ if gluon is not None:
 
     @gluon.jit
     def _any_token(IDX, row, lo, hi, num_tokens, layout: gl.constexpr, N: gl.constexpr):
-        """common.any_token in this dialect: whether entries lo .. hi-1 of the index row name a token of
-        the cache (scanned only for a block holding a row that weighed nothing)."""
+        """Whether entries lo .. hi-1 of the index row name a token of the cache: what common.track_tokens
+        records in the Triton kernels' loops, scanned here after the loop and only for a block holding a
+        row that weighed nothing (the consumers' registers are spent)."""
         found = gl.zeros([N], gl.int32, layout)
         for s in range(lo, hi, N):
             tok = _tokens(IDX, row, s, hi, layout, N)

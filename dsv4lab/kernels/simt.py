@@ -12,8 +12,8 @@ import triton
 import triton.language as tl
 
 from ..api import register
-from .common import (INDEX_FLAG, NONFINITE_FLAG, SINK_FLAG, any_token, decode_call, finish, gather_kv_tile, in_cache,
-                     row_length)
+from .common import (INDEX_FLAG, NONFINITE_FLAG, SINK_FLAG, decode_call, finish, gather_kv_tile, in_cache, row_length,
+                     track_tokens, track_tokens_init)
 
 BLOCK_T = 16
 NUM_WARPS = 4
@@ -35,11 +35,11 @@ def _simt_decode_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE, 
     l_i = 0.0
     acc = tl.zeros([D], dtype=tl.float32)
     t = tl.arange(0, BLOCK_T)
-    top = tl.full([BLOCK_T], -1, dtype=tl.int32)      # largest index seen: > num_tokens - 1 is flagged
+    top, low = track_tokens_init(BLOCK_T)            # largest index seen: > num_tokens - 1 is flagged
     for start in range(0, n_valid, BLOCK_T):        # stops at topk_len: no work past it
         pos = start + t
         tok = tl.load(IDX + b * stride_ib + pos, mask=pos < n_valid, other=-1)
-        top = tl.maximum(top, tok)
+        top, low = track_tokens(top, low, tok)
         valid = (pos < n_valid) & in_cache(tok, num_tokens)
         kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, tl.float32)
         s = tl.sum(q[None, :] * kv, axis=1)
@@ -52,9 +52,7 @@ def _simt_decode_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE, 
         m_i = m_new
     # as head_batched._finish_rows: a NaN sum gives a NaN row, a sum of 0 after reading a token a NaN row
     empty = l_i == 0.0
-    lost = tl.zeros_like(empty)
-    if empty:
-        lost = any_token(IDX + b * stride_ib, 0, n_valid, num_tokens, BLOCK_T)
+    lost = empty & (tl.min(low, axis=0) < num_tokens)
     l_safe = tl.where(empty, 1.0, l_i)
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) / 1.4426950408889634)
     out = acc / l_safe
