@@ -93,14 +93,14 @@ def prepared_calls() -> dict:
 @contextlib.contextmanager
 def shared_per_process():
     """Inside the block workspaces and prepared calls are kept once per process and captured graphs
-    use them too, as before they were kept per caller (experiments/eager_host_path times the
-    difference). Not safe for concurrent callers."""
+    use them too, as before they were kept per caller (experiments/eager_host_path/per_caller.py times
+    the difference). Not safe for concurrent callers. What the block made is kept for the process: a
+    graph captured in it may still replay on it."""
     before, _PER_CALLER[0] = _PER_CALLER[0], False
     try:
         yield
     finally:
         _PER_CALLER[0] = before
-        _SHARED.clear()
 
 
 #: int32 counters in a device's first arena (each new one is twice the last)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import operator
 import threading
 import types
@@ -508,7 +507,7 @@ def reused(name: str, shape: tuple, dtype: torch.dtype, device, *, poison: bool 
     return t
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["FLAG"])      # one kernel for every bit: none compiles first inside a capture
 def _or_word_kernel(ERR, WHEN, FLAG):
     if tl.load(WHEN):
         tl.atomic_or(ERR, FLAG)

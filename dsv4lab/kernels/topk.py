@@ -63,7 +63,10 @@ The contract (``reference.topk_positions`` is the same in float64):
   chosen first: the lab's tests write NaN there);
 * output int32 [B, k], the chosen positions in **ascending position order**, then -1 for
   the rest of the row when fewer than k positions qualify (seq_len < k, seq_len 0, -inf);
-* ``seq_lens`` are clamped to [0, width], as the logits kernel clamps them.
+* ``seq_lens`` are clamped to [0, width], as the logits kernel clamps them;
+* in the indexer step (``pages``) a live logit that is NaN or +inf (pass 0's largest key, free) or
+  -inf where the row chose fewer than min(k, live) positions is flagged in the error word
+  (INDEXER_NONFINITE): such a row's positions are not an answer.
 
 Ascending positions, not descending logits: the sparse decode reads the chosen tokens as a set
 (one softmax over all of them), and in position order its gathers walk the paged cache forward.
