@@ -17,13 +17,16 @@ replay), ``graph_bitwise`` (the replay's answer equals the eager one), ``flags``
 about 3 minutes.
 """
 import contextlib
+import os
 import statistics
+import sys
 
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 
 from dsv4lab import ab, concurrency
 from dsv4lab.testing import make_decode_inputs, make_indexer_inputs
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from run import time_call  # noqa: E402  (this folder's run.py: eager, host, back to back, graph, bitwise)
 
 QUESTION = "eager_host_path"
