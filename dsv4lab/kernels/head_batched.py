@@ -87,12 +87,15 @@ def _finish_rows(m_i, l_i, acc, SINK, heads, hmask, read, HAS_SINK: tl.constexpr
     """(out, lse, error bits) of a block of rows from the running max (log2 units), sum and
     accumulator; a row with no valid token gives out 0 and lse -inf (or the sink). The sink adds
     exp(sink[h]) to the softmax denominator: lse' = logaddexp(lse, sink), out' = out * exp(lse - lse').
-    A row that cannot be computed is NaN in out and lse, never "no token": a NaN sum (a non-finite q,
-    score or cache value), or a sum of 0 although the block ``read`` a token of the cache (every score
-    below the running max's starting value or -inf: an extreme sm_scale or q; track_tokens). Bits:
+    A row that cannot be computed is NaN in out and lse, never "no token": a NaN or infinite sum (a
+    non-finite q, score or cache value; a term past float32), or a sum of 0 although the block ``read``
+    a token of the cache (every score below the running max's starting value or -inf: an extreme
+    sm_scale or q; track_tokens). Bits:
     SINK_FLAG for a non-finite sink, NONFINITE_FLAG (CHECK_OUT) for a non-finite output."""
     empty = l_i == 0.0                       # NaN is not empty: its row comes out NaN
-    lost = empty & read
+    # an infinite sum cannot be computed either: with the scale folded into exp2's FMA, a score near
+    # float32's range differs from the rounded running max by more than exp2 can take (sm_scale 1e30)
+    lost = (empty & read) | (l_i == float("inf"))
     l_safe = tl.where(empty, 1.0, l_i)
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) / 1.4426950408889634)
     out = acc / l_safe[:, None]

@@ -377,6 +377,7 @@ if gluon is not None:
             inv = inv * gl.exp(lse - new_lse)
             lse = new_lse
             flags |= gl.where(gl.min((gl.abs(sink) < float("inf")).to(gl.int32), axis=0) == 1, 0, _SINK_FLAG)
+        lost = lost | (l_o == float("inf"))          # a term overflowed (see head_batched._finish_rows)
         lse = gl.where(lost, float("nan"), lse)
         inv = gl.where(lost, float("nan"), inv)
         # out through shared memory (Q's buffer: the last Q K^T has completed), so each thread
