@@ -16,6 +16,11 @@ Two modes, chosen per call with ``checks=``:
   Graph-safe: this is what runs inside a CUDA-graph capture.
 * ``"sync"``: the same, after host checks of the data that name the offending value (a few host
   syncs per call). Under CUDA-graph capture, where nothing may sync, it runs as ``"device"``.
+
+Either way, every impl of an op keeps one non-finite contract: what it cannot compute it flags and
+gives as NaN (a decode row's out and lse), never a plausible answer (:func:`peer_rows` keeps it for
+code the lab does not own). A device or mode the ops do not run in is refused before anything
+launches (:func:`check_device`). Concurrent callers: dsv4lab.concurrency.
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ from typing import Callable
 
 import torch
 
-from . import errors, reference
+from . import concurrency, errors, reference
 from .cache import (DATA_BYTES, HEAD_DIM, INDEX_DIM, MAX_PACKED_SCALE_BYTE, NOPE_DIM, IndexKCache, KVCache,
                     int_arg, scale_bytes)
 
@@ -46,7 +51,7 @@ class Impl:
     reads_dead_pages: bool = False   # indexer: gathers every page-table entry, not only the live ones
     guards_inputs: bool = False      # indexer: clamps seq_lens, cuts at a bad live page id and flags both itself
     prepare: Callable | None = None  # indexer_topk: (checked args, max_seq_len, topk) -> a callable for
-                                     # later calls of the same signature, or None (indexer_topk's _PREPARED)
+                                     # later calls of the same signature, or None (api.prepared_calls)
 
 
 OPS = ("sparse_decode", "indexer_logits", "indexer_topk")
@@ -145,6 +150,33 @@ def _tensor(name, x, *, dim=None, dtypes=None, device=None, shape=None):
         raise ValueError(f"{name} must be on {device} (the cache's device), got {x.device}")
 
 
+#: devices the ops run on in this process's mode (a set, not device.type: that costs ~0.4 us a call)
+_RUNS_HERE: set = set()
+
+
+def check_device(device: torch.device, name: str = "cache"):
+    """Refuse, before anything launches or touches the error word, a device or a mode the ops cannot run
+    in, in one line naming it: cuda mode runs on the current CUDA device, interpret mode (Triton's CPU
+    interpreter) on CPU tensors, compile mode nowhere (kernels are compiled, never launched) except
+    inside ``compile_report.planned_for``, which records the launches."""
+    if device not in _RUNS_HERE:
+        from . import device as dev
+        m = dev.mode()
+        if m == "compile":
+            if dev._PLANNED:
+                return
+            raise ValueError("DSV4LAB_MODE=compile: dsv4lab's kernels are compiled for a GPU this machine lacks and "
+                             "never run (compile_report.planned_for records their launches); unset DSV4LAB_MODE to run")
+        want, where = ("cuda", "the GPU") if m == "cuda" else ("cpu", "Triton's CPU interpreter")
+        if device.type != want:
+            why = ", which holds no data" if device.type == "meta" else ""
+            raise ValueError(f"{name} is on {device}{why}: in {m} mode ({where}) dsv4lab's ops take {want} tensors")
+        _RUNS_HERE.add(device)
+    if device.index is not None and device.index != torch._C._cuda_getDevice():
+        raise ValueError(f"{name} is on {device} but the current CUDA device is cuda:{torch._C._cuda_getDevice()}: "
+                         f"the kernels launch on the current device; call inside `with torch.cuda.device({device})`")
+
+
 def softmax_scale(value, name: str = "sm_scale") -> float:
     """The softmax scale as a float: a finite positive real (Python or numpy int/float); None means
     1/sqrt(512). bool, tensors, NaN, inf and values <= 0 are refused."""
@@ -154,7 +186,11 @@ def softmax_scale(value, name: str = "sm_scale") -> float:
         raise TypeError(f"{name} must be a positive float (finite, > 0; a Python or numpy number), got "
                         f"{type(value).__name__} {value!r}" +
                         (": pass float(x) (a GPU tensor would need a host sync)" if isinstance(value, torch.Tensor) else ""))
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:                 # an int past float's range
+        raise ValueError(f"{name} must be a positive float (finite, > 0), got an int of {int(value).bit_length()} "
+                         f"bits, past float's range") from None
     if not (math.isfinite(v) and v > 0):
         raise ValueError(f"{name} must be a positive float (finite, > 0), got {value!r}")
     return v
@@ -179,6 +215,7 @@ def check_sparse_decode_args(q, cache, indices, topk_len, sm_scale, attn_sink, c
     if not isinstance(cache, KVCache):
         raise TypeError(f"{n['cache']} must be a dsv4lab.cache.KVCache (from pack_kv), got {type(cache).__name__}")
     dev = cache.device
+    check_device(dev, n["cache"])
     _tensor("q", q, dim=3, dtypes=_FLOATS, device=dev)
     B, H, D = q.shape
     if D != HEAD_DIM:
@@ -293,7 +330,11 @@ def sparse_decode(q, cache, indices, *, topk_len=None, sm_scale=None, attn_sink=
 
     ``checks="device"`` (default; no host sync, graph-safe): an index >= cache.num_tokens is read as
     padding, a topk_len outside [0, K] is clamped, and each is flagged in the device's error word, as
-    are a non-finite sink and a non-finite output (``dsv4lab.check_errors()`` raises naming them).
+    are a non-finite sink and a non-finite output (``dsv4lab.check_errors()`` raises naming them). A
+    row no impl can compute (a non-finite q or cache value, or an extreme but finite sm_scale or q
+    whose scores all overflow or underflow float32) is NaN in out and in lse, flagged, never out 0
+    with lse -inf ("no token"): every impl either answers a row as the float64 reference does or
+    gives it NaN.
     Scale bytes above 134, which the packers never write, are not looked at: launches with the
     "bits" dequant give NaN in the rows that read them (flagged), the others the value 2^(byte-127).
     ``checks="sync"`` also checks the data before launching and names the first offending value:
@@ -338,12 +379,35 @@ def _decode_entry(fn):
     return run
 
 
+def peer_rows(out, lse, indices, topk_len, *, empty_at: float = -math.inf):
+    """The decode's non-finite contract for code that does not keep it itself (SGLang's kernel, the float64
+    reference), on its (out [B, (1,) H, 512], lse [B, (1,) H]) before the sink: a row it could not compute
+    is NaN in out and lse, flagged NONFINITE, never a plausible answer. Such a row has a non-finite output,
+    a NaN or +inf lse, or (although it read a token: ``indices`` [B, K] and ``topk_len`` as sanitized) an
+    lse of "no token": at or below ``empty_at``, as float32 (every score lost below the code's finite
+    starting value or to -inf, an extreme sm_scale or q; or a float64 lse past float32's range)."""
+    read = indices >= 0
+    if topk_len is not None:
+        read &= torch.arange(indices.shape[1], device=indices.device)[None, :] < topk_len[:, None]
+    has = read.any(1).view(-1, *(1,) * (lse.dim() - 1))
+    lse32 = lse.float()
+    bad = ~torch.isfinite(out).all(-1) | torch.isnan(lse32) | (lse32 == math.inf) | (has & (lse32 <= empty_at))
+    errors.set_flag(out.device, errors.Flag.NONFINITE, bad.any())
+    return out.masked_fill(bad[..., None], math.nan), lse.masked_fill(bad, math.nan)
+
+
 @register("sparse_decode", "reference", description="float64, the judge (dsv4lab.reference)", graph_safe=False)
 def _sparse_decode_reference(q, cache, indices, *, topk_len, sm_scale, attn_sink):
     from .kernels import guards
     indices, topk_len = guards.sanitize_decode(indices, topk_len, attn_sink, cache.num_tokens)
-    out, lse = reference.sparse_decode(q, cache, indices, topk_len, sm_scale, attn_sink)
-    return out.to(torch.bfloat16), lse
+    out, lse = peer_rows(*reference.sparse_decode_float64(q, cache, indices, topk_len, sm_scale), indices, topk_len)
+    if attn_sink is not None:
+        out, lse = reference.sink_float64(out, lse, attn_sink)
+    return out.to(torch.bfloat16), lse.float()
+
+
+#: the longest context the indexer addresses: positions are int32
+MAX_SEQ_LEN = 2**31 - 1
 
 
 def check_indexer_args(q, index_cache, weights, seq_lens, page_table, max_seq_len, checks="device") -> int:
@@ -355,6 +419,7 @@ def check_indexer_args(q, index_cache, weights, seq_lens, page_table, max_seq_le
         raise TypeError(f"index_cache must be a dsv4lab.cache.IndexKCache (from pack_index_k), "
                         f"got {type(index_cache).__name__}")
     dev = index_cache.device
+    check_device(dev, "index_cache")
     _tensor("q", q, dim=3, dtypes=_FLOATS + (torch.float8_e4m3fn,), device=dev)
     B, Hi, D = q.shape
     if D != INDEX_DIM or Hi < 1:
@@ -363,6 +428,8 @@ def check_indexer_args(q, index_cache, weights, seq_lens, page_table, max_seq_le
     _tensor("seq_lens", seq_lens, dim=1, dtypes=(torch.int32,), device=dev, shape=(B,))
     _tensor("page_table", page_table, dim=2, dtypes=(torch.int32,), device=dev, shape=(B, None))
     max_seq_len = int_arg("max_seq_len", max_seq_len, 1)
+    if max_seq_len > MAX_SEQ_LEN:
+        raise ValueError(f"max_seq_len must be at most 2**31 - 1 (positions are int32), got {max_seq_len}")
     ps = index_cache.page_size
     if page_table.shape[1] * ps < max_seq_len:
         raise ValueError(f"page_table must have at least ceil(max_seq_len/{ps}) = {-(-max_seq_len // ps)} "
@@ -418,9 +485,11 @@ def _indexer_entry(fn, *, op, dead_pages, guarded=False):
             return fn(q.contiguous(), index_cache, weights.contiguous(), seq_lens.contiguous(), _rows(page_table),
                       max_seq_len=max_seq_len, **kw)
         from .kernels import guards
+        q, weights = q.contiguous(), weights.contiguous()
         seq, table = guards.sanitize_indexer(seq_lens.contiguous(), _rows(page_table), max_seq_len,
-                                             index_cache.num_pages, index_cache.page_size, whole_table=dead_pages)
-        return fn(q.contiguous(), index_cache, weights.contiguous(), seq, table, max_seq_len=max_seq_len, **kw)
+                                             index_cache.num_pages, index_cache.page_size, whole_table=dead_pages,
+                                             q=q, weights=weights)
+        return fn(q, index_cache, weights, seq, table, max_seq_len=max_seq_len, **kw)
     return run
 
 
@@ -433,9 +502,10 @@ def indexer_logits(q, index_cache, weights, seq_lens, page_table, *, max_seq_len
     may hold anything), max_seq_len a positive int (numpy/torch integers too); any strides; B = 0
     gives [0, max_seq_len]. ``checks="device"`` (default, no host sync): a seq_len outside
     [0, max_seq_len] is clamped, a request whose live pages hold an id outside [0, num_pages) is cut
-    at that page (its positions from there on are -inf), each flagged for ``dsv4lab.check_errors()``;
-    non-finite q or weights give NaN logits (not flagged). ``checks="sync"`` refuses all of these
-    before launching, naming the value (and live pages holding bytes the packer never writes).
+    at that page (its positions from there on are -inf), each flagged for ``dsv4lab.check_errors()``,
+    as are non-finite q or weights (the logits are what the arithmetic gives: NaN or inf). ``checks="sync"``
+    refuses all of these before launching, naming the value (and live pages holding bytes the packer
+    never writes).
     """
     entry = _pick("indexer_logits", impl)
     L = check_indexer_args(q, index_cache, weights, seq_lens, page_table, max_seq_len, checks_mode(checks))
@@ -447,16 +517,22 @@ def _indexer_logits_reference(q, index_cache, weights, seq_lens, page_table, *, 
     return reference.indexer_logits(q, index_cache, weights, seq_lens, page_table, max_seq_len)
 
 
-#: the largest top-k: the positions and output slots are int32
+#: the largest top-k the kernels can index: the positions and output slots are int32
 MAX_TOPK = 2**31 - 1
+#: a top-k may exceed max_seq_len by padding up to this many slots: the widest top-k of DeepSeek's
+#: sparse attention (V3.2's 2048; DSv4's is 512), whatever the context
+TOPK_PAD_LIMIT = 2048
 
 
-def topk_arg(topk) -> int:
-    """``topk`` as an int in [1, MAX_TOPK] (a larger one would overflow the int32 slots, or fail
-    to allocate its output far from here)."""
+def topk_arg(topk, max_seq_len: int) -> int:
+    """``topk`` as a positive int of at most max(max_seq_len, TOPK_PAD_LIMIT): a row has max_seq_len
+    positions and every slot past them is -1, so a larger top-k would only allocate padding (its
+    output, and the top-k's candidates several times over)."""
     k = int_arg("topk", topk, 1)
-    if k > MAX_TOPK:
-        raise ValueError(f"topk must be at most 2**31 - 1 (positions are int32), got {k}")
+    bound = max(max_seq_len, TOPK_PAD_LIMIT)
+    if k > bound:
+        raise ValueError(f"topk must be at most max(max_seq_len, {TOPK_PAD_LIMIT}) = {bound} (a row has max_seq_len "
+                         f"positions; every slot past them would be -1 padding), got {k}")
     return k
 
 
@@ -464,8 +540,10 @@ def indexer_topk(q, index_cache, weights, seq_lens, page_table, *, max_seq_len: 
                  impl: str = "reference", checks: str | None = None):
     """Top-k token positions int32 [B, topk] of the indexer logits, -1 padded (a row has fewer
     than ``topk`` positions < seq_len); arguments and ``checks`` as :func:`indexer_logits`, topk a
-    positive int. The positions are a set for the sparse decode; their order is the impl's:
-    descending logit for the torch paths and the reference, ascending position for impl="triton"
+    positive int of at most max(max_seq_len, 2048). A live logit that came out NaN or inf (non-finite
+    q or weights, an overflow) is flagged by every impl: NaN and +inf rank first, -inf is never chosen,
+    so that row's positions are not an answer. The positions are a set for the sparse decode; their
+    order is the impl's: descending logit for the torch paths and the reference, ascending position for impl="triton"
     (whose ties at the k-th value go to the lower position: ``reference.topk_positions`` is its
     exact contract). An impl with ``Impl.prepare`` (impl="triton") keeps what a call's checks and
     launch planning decided under its argument signature (shapes, strides, dtypes, devices, the
@@ -474,44 +552,60 @@ def indexer_topk(q, index_cache, weights, seq_lens, page_table, *, max_seq_len: 
     known = _IMPLS["indexer_topk"].get(impl) if type(impl) is str else None
     key = (_signature(impl, checks, q, index_cache, weights, seq_lens, page_table, max_seq_len, topk)
            if known is not None and known.prepare is not None else None)
-    prepared = _PREPARED.get(key) if key is not None else None
+    calls = concurrency.prepared_calls()
+    prepared = calls.get(key) if key is not None else None
     if prepared is not None:
         out = prepared(q, index_cache, weights, seq_lens, page_table)
         if out is not None:
             return out
     entry = _pick("indexer_topk", impl)
     L = check_indexer_args(q, index_cache, weights, seq_lens, page_table, max_seq_len, checks_mode(checks))
-    k = topk_arg(topk)
+    k = topk_arg(topk, L)
     out = entry.fn(q, index_cache, weights, seq_lens, page_table, max_seq_len=L, topk=k)
     if key is not None and prepared is None:
         prepared = entry.prepare(q, index_cache, weights, seq_lens, page_table, L, k)
         if prepared is not None:
-            if len(_PREPARED) >= 256:
-                _PREPARED.clear()
-            _PREPARED[key] = prepared
+            if len(calls) >= 256:
+                calls.clear()
+            calls[key] = prepared
     return out
 
 
-#: indexer_topk's prepared calls (Impl.prepare) by argument signature: an eager call that repeats a
-#: signature whose checks passed goes straight to its launches (experiments/eager_host_path)
-_PREPARED: dict = {}
+def prepared_calls() -> dict:
+    """indexer_topk's prepared calls (Impl.prepare) of this caller (this thread; keyed by argument
+    signature and CUDA stream, dsv4lab.concurrency): an eager call that repeats a signature whose checks
+    passed goes straight to its launches (experiments/eager_host_path), on workspaces of its own."""
+    return concurrency.prepared_calls()
 
 
 def _signature(impl, checks, q, index_cache, weights, seq_lens, page_table, max_seq_len, topk):
-    """What indexer_topk's checks and planning depend on, as a key, or None where a call is not to be
-    prepared: checks other than the default "device", scalars that are not plain ints (a numpy or
-    torch integer, a bool), tensors of a subclass. The cache is keyed by its id (the prepared call
-    also holds a weak reference and compares the object)."""
+    """What indexer_topk's checks and planning depend on, and the caller's stream, as a key, or None
+    where a call is not to be prepared: checks other than the default "device", scalars that are not
+    plain ints (a numpy or torch integer, a bool), tensors of a subclass, a CUDA-graph capture (whose
+    workspaces are its own). The cache is keyed by its id (the prepared call also holds a weak
+    reference and compares the object)."""
     T = torch.Tensor
     if (checks not in (None, "device") or type(max_seq_len) is not int or type(topk) is not int
             or type(q) is not T or type(weights) is not T or type(seq_lens) is not T or type(page_table) is not T):
         return None
+    stream = concurrency.stream_key(q.device)
+    if stream is concurrency.CAPTURING:
+        return None
     return (impl, max_seq_len, topk, id(index_cache), q.shape, q.dtype, q.device, q.stride(), weights.shape,
             weights.dtype, weights.device, weights.stride(), seq_lens.shape, seq_lens.dtype, seq_lens.device,
-            seq_lens.stride(), page_table.shape, page_table.dtype, page_table.device, page_table.stride())
+            seq_lens.stride(), page_table.shape, page_table.dtype, page_table.device, page_table.stride(), stream)
+
+
+def flag_nonfinite_logits(logits, seq_lens):
+    """The top-k's non-finite contract for impls that rank logits made in torch: INDEXER_NONFINITE where a
+    live logit (position < seq_lens[b], the guard's sanitized lengths) is NaN or inf, which a top-k would
+    rank first (NaN, +inf) or never choose (-inf). One pass over the logits, no host sync."""
+    live = torch.arange(logits.shape[1], device=logits.device)[None, :] < seq_lens[:, None]
+    errors.set_flag(logits.device, errors.Flag.INDEXER_NONFINITE, (live & ~torch.isfinite(logits)).any())
 
 
 @register("indexer_topk", "reference", description="float64, the judge (dsv4lab.reference)", graph_safe=False)
 def _indexer_topk_reference(q, index_cache, weights, seq_lens, page_table, *, max_seq_len, topk):
     logits = reference.indexer_logits(q, index_cache, weights, seq_lens, page_table, max_seq_len)
+    flag_nonfinite_logits(logits, seq_lens)
     return reference.topk_indices(logits, topk)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import numbers
+import os
 from dataclasses import dataclass
 
 import torch
@@ -84,8 +85,49 @@ def int_arg(name, v, lo=None) -> int:
     return v
 
 
+#: the largest page: the kernels' token indices are int32, so a token past 2^31 - 1 is never read
+MAX_PAGE_SIZE = 2**31 - 1
+#: the start of every cache buffer: the kernels read 16-byte vectors (and Hopper's bulk prefetch needs
+#: 16-byte aligned addresses); the bf16 and fp32 views of the bytes need 2 and 4
+BUFFER_ALIGN = 16
+
+
 def _check_page_size(page_size) -> int:
-    return int_arg("page_size", page_size, 1)
+    ps = int_arg("page_size", page_size, 1)
+    if ps > MAX_PAGE_SIZE:
+        raise ValueError(f"page_size must be at most 2**31 - 1 (token indices are int32), got {ps}")
+    return ps
+
+
+def device_bytes(device: torch.device) -> int:
+    """The memory of ``device``: a GPU's total memory, or the machine's RAM for the CPU (0: unknown)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    if device.type == "cpu":
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return 0
+    return 0
+
+
+def check_allocation(what: str, nbytes: int, device, how: str):
+    """Refuse an allocation larger than ``device``'s memory before making it, naming ``what`` needed
+    it and ``how`` its size comes about (the allocator's own error names neither)."""
+    have = device_bytes(device)
+    if have and nbytes > have:
+        raise ValueError(f"{what} would allocate {nbytes / 2**30:.4g} GiB ({how}), more than {torch.device(device)} has "
+                         f"({have / 2**30:.4g} GiB)")
+
+
+def check_aligned(name: str, buf: torch.Tensor):
+    """``buf`` starts at an address the kernels can read (BUFFER_ALIGN)."""
+    if buf.data_ptr() % BUFFER_ALIGN:
+        raise ValueError(f"{name} must start at a {BUFFER_ALIGN}-byte aligned address (the kernels read 16-byte "
+                         f"vectors), got one at {buf.data_ptr() % BUFFER_ALIGN} mod {BUFFER_ALIGN} (storage offset "
+                         f"{buf.storage_offset() * buf.element_size()} bytes): view the pool at a multiple of "
+                         f"{BUFFER_ALIGN} bytes")
 
 
 def _check_token_ids(token_ids, num_tokens, name="token_ids"):
@@ -124,6 +166,7 @@ class KVCache:
                              f"strides ({b.shape[1]}, 1), got {tuple(b.stride())}")
         if b.shape[1] % 64 and b.shape[0] > 1:
             raise ValueError(f"KVCache page_bytes must be a multiple of 64 (the kernels' vector loads), got {b.shape[1]}")
+        check_aligned("KVCache.buffer", b)
         n = int_arg("KVCache.num_tokens", self.num_tokens, 0)
         object.__setattr__(self, "num_tokens", n)
         if n > b.shape[0] * ps:
@@ -223,6 +266,8 @@ def pack_kv(kv: torch.Tensor, page_size: int = 64) -> KVCache:
     n = kv.shape[0]
     num_pages = -(-n // page_size)
     pb = page_bytes(page_size)
+    check_allocation("pack_kv", num_pages * pb, kv.device, f"{num_pages} page(s) of {page_size} tokens x "
+                     f"{TOKEN_BYTES} bytes for {n} tokens")
     nope_fp8, scales = quantize_nope(kv[:, :NOPE_DIM])
     rope = kv[:, NOPE_DIM:].to(torch.bfloat16).contiguous()
 
@@ -289,6 +334,7 @@ class IndexKCache:
         if not kv.is_contiguous():
             raise ValueError(f"IndexKCache.kv must be contiguous (pages of {ps * INDEX_TOKEN_BYTES} bytes), "
                              f"got strides {tuple(kv.stride())}")
+        check_aligned("IndexKCache.kv", kv)
         n = int_arg("IndexKCache.num_tokens", self.num_tokens, 0)
         object.__setattr__(self, "num_tokens", n)
         if n > kv.shape[0] * ps:

@@ -22,9 +22,9 @@ import numpy as np
 import torch
 
 from . import api, cache as C, errors, reference
-from .device import torch_device
+from .device import mode as dsv4lab_mode, torch_device
 from .errors import DeviceInputError
-from .testing import OUT_TOL, rel_err, strided_view
+from .testing import OUT_TOL, negative_scores_inputs, rel_err, right_or_nan, runnable_impls, strided_view
 
 
 @dataclass(frozen=True)
@@ -307,6 +307,115 @@ def _shapes_bad_mode():
     config.shapes("gpu")
 
 
+def _nan_q_every_impl():
+    """q[0, 1] holds a NaN: that row is NaN in out and lse for every impl, the others answered, flagged."""
+    q, cache, idx, _ = _decode_inputs()
+    q = q.clone()
+    q[0, 1, 3] = math.nan
+    for impl in runnable_impls():
+        errors.read()
+        got = api.sparse_decode(q, cache, idx, impl=impl)
+        assert right_or_nan(got, reference.sparse_decode(q, cache, idx), errors.read()) == 1, impl
+    api.sparse_decode(q, cache, idx, impl="auto")                 # its flag left for check_errors()
+
+
+def _extreme_scale_every_impl(scale, negative=False, all_nan=None):
+    """Every impl answers sm_scale ``scale`` as float64 does or gives NaN rows, flagged (all of them,
+    where ``all_nan``)."""
+    q, cache, idx = negative_scores_inputs() if negative else _decode_inputs()[:3]
+    want = reference.sparse_decode(q, cache, idx, sm_scale=scale)
+    for impl in runnable_impls():
+        errors.read()
+        nan = right_or_nan(api.sparse_decode(q, cache, idx, sm_scale=scale, impl=impl), want, errors.read())
+        assert all_nan is None or (nan == idx.shape[0] * q.shape[1]) == all_nan, (impl, nan)
+    api.sparse_decode(q, cache, idx, sm_scale=scale, impl="auto")  # its flags (if any) left for check_errors()
+
+
+def _merged_low_lse():
+    """Both caches' lse near -1.8e27 (sm_scale 1e25, every score negative): SGLang's merge reads an lse
+    <= -1e20 as "no token" and drops both. The lab's impls give the float64 answer; SGLang's own
+    function (impl='sglang') gives NaN rows, flagged."""
+    from .merged_decode import flash_mla_sparse_decode
+    q, cache, idx = negative_scores_inputs()
+    want = reference.flash_mla_sparse_decode(q, cache, idx[:, :4], sm_scale=1e25, extra_cache=cache,
+                                             extra_indices=idx[:, 4:])
+    assert float(want[1].max()) < -1e20
+    for impl in runnable_impls():
+        errors.read()
+        got = flash_mla_sparse_decode(q, cache, idx[:, :4], None, None, 512, 1e25, cache, idx[:, 4:], impl=impl)
+        nan = right_or_nan(got, want, errors.read())
+        assert (nan > 0) == (impl == "sglang"), (impl, nan)
+
+
+def _indexer_flagged_every_impl(op, change):
+    """``op`` with ``change`` applied to the indexer inputs: every impl flags INDEXER_NONFINITE."""
+    for impl in runnable_impls(op):
+        errors.read()
+        _indexer(op, impl=impl, change=change, **({"topk": 16} if op == "indexer_topk" else {}))
+        assert errors.read() & errors.Flag.INDEXER_NONFINITE, impl
+    _indexer(op, impl="triton", change=change, **({"topk": 16} if op == "indexer_topk" else {}))   # left flagged
+
+
+def _nan_weight(a):
+    a["weights"] = a["weights"].clone()
+    a["weights"][1, 2] = math.nan
+    return a
+
+
+def _huge_weights(a):
+    return {**a, "weights": torch.full_like(a["weights"], 3e38)}
+
+
+def _then_checks_work(call):
+    """``call`` raises; afterwards check_errors() still works (and finds nothing)."""
+    errors.read()
+    try:
+        call()
+    finally:
+        errors.check_errors()
+
+
+def _meta_decode():
+    q, cache, idx, _ = _decode_inputs(dev="cpu")
+    meta = C.KVCache(cache.buffer.to("meta"), cache.page_size, cache.num_tokens)
+    return api.sparse_decode(q.to("meta"), meta, idx.to("meta"), impl="auto")
+
+
+def _meta_indexer():
+    a = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in _indexer_inputs().items()}
+    ic = a["index_cache"]
+    a["index_cache"] = C.IndexKCache(ic.kv.to("meta"), ic.num_tokens, ic.page_size)
+    return _indexer("indexer_topk", change=lambda _: a, topk=16)
+
+
+def _compile_mode_call():
+    """sparse_decode in a process started with DSV4LAB_MODE=compile: its error, raised here."""
+    code = ("import dsv4lab, torch\nfrom dsv4lab import contracts\nq, c, i, _ = contracts._decode_inputs()\n"
+            "dsv4lab.sparse_decode(q, c, i, impl='mma')")
+    e = {k: v for k, v in os.environ.items() if k not in ("DSV4LAB_MODE", "TRITON_INTERPRET")}
+    e.update(DSV4LAB_MODE="compile", PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parent.parent),
+                                                                 e.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, timeout=300)
+    last = r.stderr.strip().splitlines()[-1]
+    kind, _, msg = last.partition(": ")
+    raise {"ValueError": ValueError}.get(kind, RuntimeError)(msg or last)
+
+
+def _empty_cache_all_padding():
+    """Every impl answers an all-padding call on a cache with no token (out 0, lse -inf)."""
+    q, cache, _, _ = _decode_inputs()
+    empty = C.KVCache(cache.buffer, cache.page_size, 0)
+    idx = torch.full((2, 8), -1, dtype=_I32, device=q.device)
+    for impl in runnable_impls():
+        out, lse = api.sparse_decode(q, empty, idx, impl=impl)
+        assert (out == 0).all() and (lse == -math.inf).all(), impl
+
+
+def _misaligned_pool():
+    pool = torch.zeros(C.page_bytes(64) + 8, dtype=torch.uint8)
+    return _kvcache(pool[8:].view(1, -1))
+
+
 _SAYS_INDEX = errors.MEANING[errors.Flag.INDEX]
 _SAYS_TOPK = errors.MEANING[errors.Flag.TOPK_LEN]
 
@@ -438,8 +547,13 @@ CASES: list[Case] = [
                         (0, 128)), gets="logits [0, max_seq_len]"),
     Case("indexer_topk", "topk 0", "either", lambda: _indexer("indexer_topk", topk=0), ValueError,
          "topk must be a positive int, got 0"),
-    Case("indexer_topk", "topk 2**40", "either", lambda: _indexer("indexer_topk", topk=2**40), ValueError,
-         "topk must be at most 2**31 - 1 (positions are int32), got 1099511627776"),
+    Case("indexer_topk", "topk 2**31 - 1 with max_seq_len 128", "either",
+         lambda: _indexer("indexer_topk", topk=2**31 - 1), ValueError,
+         "topk must be at most max(max_seq_len, 2048) = 2048 (a row has max_seq_len positions; every slot past "
+         "them would be -1 padding), got 2147483647"),
+    Case("indexer_topk", "topk 2**28 (a GiB of output slots a request)", "either",
+         lambda: _indexer("indexer_topk", topk=2**28), ValueError,
+         "topk must be at most max(max_seq_len, 2048) = 2048"),
     Case("indexer_topk", "topk numpy.int32(16), max_seq_len numpy.int64(128)", "either", _topk_numpy,
          gets="accepted as ints"),
     # ---- the cache packers ----
@@ -474,6 +588,54 @@ CASES: list[Case] = [
     Case("cache.dequant_kv", "a token id past the cache", "either",
          lambda: C.dequant_kv(C.pack_kv(torch.zeros(4, 512)), torch.tensor([4])), ValueError,
          "token_ids must lie in [0, 4), got range [4, 4]"),
+    # ---- what cannot be computed: one non-finite contract for every impl ----
+    Case("sparse_decode", "q holding NaN in one row, every impl", "device", lambda: _flagged(_nan_q_every_impl),
+         DeviceInputError, "an output row came out NaN or inf",
+         gets="that row NaN in out and lse (never lse -inf), the others answered"),
+    Case("sparse_decode", "sm_scale 1e-300 (below float32's smallest), every impl", "device",
+         lambda: _extreme_scale_every_impl(1e-300), gets="the float64 answer (every score ~0: a uniform average), "
+         "or NaN rows, flagged (the GPU's folded-scale launches with padding)"),
+    Case("sparse_decode", "sm_scale 1e38 (scores past float32), every impl", "device",
+         lambda: _flagged(lambda: _extreme_scale_every_impl(1e38, all_nan=True)), DeviceInputError,
+         "an output row came out NaN or inf, or could not be computed", gets="every row NaN in out and lse"),
+    Case("sparse_decode", "sm_scale 1e30 with every score negative (all below the running max's start), "
+         "every impl", "device", lambda: _extreme_scale_every_impl(1e30, negative=True),
+         gets="the float64 answer (the reference) or NaN rows, flagged (the kernels): never out 0 with lse -inf"),
+    Case("flash_mla_sparse_decode", "both caches' lse near -1.8e27 (sm_scale 1e25, every score negative), "
+         "every impl", "device", _merged_low_lse,
+         gets="the float64 answer; impl='sglang' (SGLang's merge drops an lse <= -1e20) NaN rows, flagged"),
+    Case("indexer_topk", "a NaN weight, every impl", "device",
+         lambda: _flagged(lambda: _indexer_flagged_every_impl("indexer_topk", _nan_weight)), DeviceInputError,
+         errors.MEANING[errors.Flag.INDEXER_NONFINITE], gets="a top-k"),
+    Case("indexer_logits", "a NaN weight, every impl", "device",
+         lambda: _flagged(lambda: _indexer_flagged_every_impl("indexer_logits", _nan_weight)), DeviceInputError,
+         "indexer: non-finite q or weights", gets="the logits the arithmetic gives (NaN in that row)"),
+    Case("indexer_topk", "weights 3e38 (the logits overflow), every impl", "device",
+         lambda: _flagged(lambda: _indexer_flagged_every_impl("indexer_topk", _huge_weights)), DeviceInputError,
+         "a live position's logit that came out NaN or inf", gets="a top-k"),
+    # ---- devices and modes the ops do not run in ----
+    Case("sparse_decode", "every tensor on the meta device (then check_errors(): clean, as before)", "either",
+         lambda: _then_checks_work(_meta_decode), ValueError,
+         "cache is on meta, which holds no data: in interpret mode (Triton's CPU interpreter) dsv4lab's ops take "
+         "cpu tensors" if dsv4lab_mode() == "interpret" else "cache is on meta, which holds no data"),
+    Case("indexer_topk", "every tensor on the meta device (then check_errors(): clean)", "either",
+         lambda: _then_checks_work(_meta_indexer), ValueError, "index_cache is on meta, which holds no data"),
+    Case("sparse_decode", "a call in DSV4LAB_MODE=compile", "either", _compile_mode_call, ValueError,
+         "DSV4LAB_MODE=compile: dsv4lab's kernels are compiled for a GPU this machine lacks and never run"),
+    # ---- sizes and storage that cannot work ----
+    Case("sparse_decode", "sm_scale 10**400 (a Python int past float)", "either",
+         lambda: _decode(sm_scale=10**400), ValueError,
+         "sm_scale must be a positive float (finite, > 0), got an int of 1329 bits, past float's range"),
+    Case("sparse_decode", "all padding on a cache with no token (num_tokens 0), every impl", "either",
+         _empty_cache_all_padding, gets="out 0, lse -inf (impl='reference' too)"),
+    Case("indexer_logits", "max_seq_len 2**31", "either", lambda: _indexer(max_seq_len=2**31), ValueError,
+         "max_seq_len must be at most 2**31 - 1 (positions are int32), got 2147483648"),
+    Case("cache.pack_kv", "page_size 2**40", "either", lambda: C.pack_kv(torch.zeros(2, 512), 2**40), ValueError,
+         "page_size must be at most 2**31 - 1 (token indices are int32), got 1099511627776"),
+    Case("cache.pack_kv", "page_size 2**30 for 2 tokens", "either", lambda: C.pack_kv(torch.zeros(2, 512), 2**30),
+         ValueError, "pack_kv would allocate 584 GiB (1 page(s) of 1073741824 tokens x 584 bytes for 2 tokens)"),
+    Case("cache.KVCache", "a page buffer 8 bytes into a byte pool", "either", _misaligned_pool, ValueError,
+         "KVCache.buffer must start at a 16-byte aligned address (the kernels read 16-byte vectors)"),
     # ---- environment, command line, recorded data ----
     Case("import dsv4lab / CLI", "DSV4LAB_MODE=tpu", "either",
          lambda: _exits_2_with(["info"], "dsv4lab: DSV4LAB_MODE must be 'cuda', 'interpret' or 'compile', got 'tpu'",

@@ -9,12 +9,20 @@ that lives as long as the process, so a captured CUDA graph writes the same word
 replay). :func:`check_errors` reads the word (one host sync), clears it and raises
 :class:`DeviceInputError` naming every kind of bad input seen since the last check; run the call
 again with ``checks="sync"`` to have the offending value itself named.
+
+Concurrent callers share the word (one per device, for the process): kernels on any stream, and
+replayed graphs, OR their bits in with atomics; :func:`check_errors` synchronizes the device and swaps
+the word for 0 atomically, so a flag is reported once, by the first check after the work that set it
+(whichever thread calls it), and never lost to a concurrent clear (dsv4lab.concurrency).
 """
 from __future__ import annotations
 
 import enum
+import threading
 
 import torch
+
+from . import concurrency
 
 
 class OneLine:
@@ -33,6 +41,7 @@ class Flag(enum.IntFlag):
     NONFINITE = 8      # sparse decode: an output came out NaN or inf
     SEQ_LEN = 16       # indexer: seq_lens outside [0, max_seq_len]
     PAGE = 32          # indexer: a live page id outside [0, index_cache.num_pages)
+    INDEXER_NONFINITE = 64   # indexer: non-finite q or weights, or a live logit that came out non-finite
 
 
 #: what each bit means to the caller: what was wrong and what the op did instead
@@ -40,11 +49,15 @@ MEANING = {
     Flag.INDEX: "sparse decode: an index >= cache.num_tokens (that entry was read as padding: left out)",
     Flag.TOPK_LEN: "sparse decode: a topk_len outside [0, K] (below 0 read as 0, above K as K)",
     Flag.SINK: "sparse decode: a non-finite attn_sink (the rows of that head are NaN, or 0 with lse +inf)",
-    Flag.NONFINITE: "sparse decode: an output row came out NaN or inf (a non-finite q, or cache bytes the "
-                    "packers never write: a UE8M0 scale byte > 134, an fp8 NaN byte, a non-finite rope value)",
+    Flag.NONFINITE: "sparse decode: an output row came out NaN or inf, or could not be computed (a non-finite q, "
+                    "cache bytes the packers never write, or an extreme sm_scale or q whose scores all overflow or "
+                    "underflow): its out and lse are NaN, never 'no token'",
     Flag.SEQ_LEN: "indexer: a seq_len outside [0, max_seq_len] (below 0 read as 0, above as max_seq_len)",
     Flag.PAGE: "indexer: a live page id outside [0, index_cache.num_pages) (that request's positions from "
                "that page on are -inf: never read, never chosen)",
+    Flag.INDEXER_NONFINITE: "indexer: non-finite q or weights, or a live position's logit that came out NaN or "
+                            "inf (the top-k ranks NaN and +inf first and never chooses -inf: that row's top-k is "
+                            "not an answer)",
 }
 
 
@@ -60,10 +73,14 @@ class DeviceInputError(ValueError):
 
 
 _WORDS: dict[torch.device, torch.Tensor] = {}
+_MAKING = threading.Lock()
 
 
 def _key(device) -> torch.device:
     d = torch.device(device)
+    if d.type not in ("cpu", "cuda"):
+        raise ValueError(f"dsv4lab's ops run on CUDA or CPU tensors; got {d.type} (a {d.type} tensor holds no data "
+                         f"a kernel could read)")
     if d.type == "cuda" and d.index is None:
         d = torch.device("cuda", torch.cuda.current_device())
     return d
@@ -72,38 +89,55 @@ def _key(device) -> torch.device:
 def word(device) -> torch.Tensor:
     """This device's error word, int32 [1] (made on first use, which must not be inside a CUDA-graph
     capture: a graph would own its memory; every op runs eagerly once before capture anyway, since
-    Triton compiles on the first launch)."""
+    Triton compiles on the first launch). One per device for the process, whichever thread asks first."""
     w = _WORDS.get(device)                 # a tensor's .device (cuda:N): the fast path of every launch
     if w is not None:
         return w
     d = _key(device)
-    w = _WORDS.get(d)
-    if w is None:
-        if d.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"dsv4lab's error word for {d} does not exist yet and cannot be made inside a "
-                               f"CUDA-graph capture: run the op (or dsv4lab.check_errors()) once before capturing")
-        w = _WORDS[d] = torch.zeros(1, dtype=torch.int32, device=d)
+    with _MAKING:
+        w = _WORDS.get(d)
+        if w is None:
+            if d.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(f"dsv4lab's error word for {d} does not exist yet and cannot be made inside a "
+                                   f"CUDA-graph capture: run the op (or dsv4lab.check_errors()) once before capturing")
+            w = _WORDS[d] = torch.zeros(1, dtype=torch.int32, device=d)
     return w
 
 
 def set_flag(device, flag: Flag, when: torch.Tensor):
-    """OR ``flag`` into the device's word where the 0-d bool tensor ``when`` is true, on the device (no sync)."""
+    """OR ``flag`` into the device's word where the 0-d bool tensor ``when`` is true, on the device (no
+    sync): with an atomic on a GPU, as the kernels set their bits (a read-modify-write there could undo
+    a bit another stream sets at the same moment), under the interpreter's lock on the CPU."""
     w = word(device)
-    w.bitwise_or_(when.to(torch.int32) * int(flag))
+    if w.is_cuda:
+        from .kernels import common
+        common.or_word(w, when, int(flag))
+        return
+    with concurrency.INTERPRETER_LOCK:
+        w.bitwise_or_(when.to(torch.int32) * int(flag))
 
 
 def read(device=None, *, clear: bool = True) -> Flag:
     """The bits set on ``device`` (default: every device that has a word), cleared unless ``clear=False``.
-    Reads the device: a host sync, refused inside a CUDA-graph capture."""
+    Reads the device: a host sync, refused inside a CUDA-graph capture. A GPU's word is read after the
+    device has finished everything launched before (on any stream), and swapped for 0 in one atomic
+    exchange: a bit set at the same moment by work on another stream is either in this read or left for
+    the next, never lost. A CPU word is read and cleared under the interpreter's lock."""
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         raise RuntimeError("check_errors() reads the device (a host sync): call it outside CUDA-graph capture, "
                            "e.g. after a replay")
     words = [word(device)] if device is not None else list(_WORDS.values())
     bits = 0
     for w in words:
-        bits |= int(w.item())
-        if clear:
-            w.zero_()
+        if w.is_cuda:
+            from .kernels import common
+            torch.cuda.synchronize(w.device)
+            bits |= common.swap_word(w, clear)
+            continue
+        with concurrency.INTERPRETER_LOCK:
+            bits |= int(w.item())
+            if clear:
+                w.zero_()
     return Flag(bits)
 
 

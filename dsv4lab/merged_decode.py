@@ -16,31 +16,33 @@ calls SGLang's own function from its wheel, so the two can be compared on the sa
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import api
 from .cache import HEAD_DIM, as_kv_cache
 
-_EMPTY_LSE = -1e20            # SGLang's threshold: an lse at or below it is "no valid token"
-
-
 def merge_by_lse(out1, lse1, out2, lse2):
-    """Two partial attentions over disjoint token sets -> one, as SGLang merges them.
-    out [..., H, D] (any float dtype), lse [..., H] float32 -> (out float32, lse float32): the
-    caller rounds once at the end (SGLang rounds to bf16 after the merge and again after the sink)."""
-    m = torch.maximum(lse1, lse2)
-    w1 = torch.where(lse1 > _EMPTY_LSE, torch.exp(lse1 - m), torch.zeros_like(lse1))
-    w2 = torch.where(lse2 > _EMPTY_LSE, torch.exp(lse2 - m), torch.zeros_like(lse2))
-    total = (w1 + w2).clamp(min=1e-20)
-    out = (w1.unsqueeze(-1) * out1.float() + w2.unsqueeze(-1) * out2.float()) / total.unsqueeze(-1)
-    return out, m + torch.log(total)
+    """Two partial attentions over disjoint token sets -> one, as SGLang merges them, except that "no
+    valid token" is lse = -inf exactly: SGLang's merge reads any lse <= -1e20 as empty, which drops real
+    tokens when every lse of a row is that low (an extreme but finite sm_scale or q). A NaN lse (a
+    part that could not be computed) makes the row NaN. out [..., H, D] (any float dtype), lse [..., H]
+    float32 -> (out float32, lse float32): the caller rounds once at the end (SGLang rounds to bf16
+    after the merge and again after the sink)."""
+    m = torch.maximum(lse1, lse2)                                   # NaN if either is
+    m_safe = torch.where(m == -math.inf, 0.0, m)                    # both empty: weights 0, not NaN
+    w1, w2 = torch.exp(lse1 - m_safe), torch.exp(lse2 - m_safe)
+    total = w1 + w2
+    out = (w1.unsqueeze(-1) * out1.float() + w2.unsqueeze(-1) * out2.float()) / total.clamp(min=1.0).unsqueeze(-1)
+    return out, m + torch.log(total.clamp(min=1.0))
 
 
 def apply_sink(out, lse, attn_sink):
     """The attention sink adds exp(sink[h]) to every row's softmax denominator, as SGLang applies
-    it: (out float32, lse float32)."""
+    it, with "no token" only at lse = -inf (see merge_by_lse): (out float32, lse float32)."""
     new_lse = torch.logaddexp(lse, attn_sink.float().expand_as(lse))
-    w = torch.where(lse > _EMPTY_LSE, torch.exp(lse - new_lse), torch.zeros_like(lse))
+    w = torch.where(lse == -math.inf, 0.0, torch.exp(lse - new_lse))
     return out.float() * w.unsqueeze(-1), new_lse
 
 

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from .cache import IndexKCache, KVCache, as_kv_cache, dequant_index_k, dequant_kv
+from .cache import HEAD_DIM, IndexKCache, KVCache, as_kv_cache, dequant_index_k, dequant_kv
 
 
 def sparse_decode(q, cache: KVCache, indices, topk_len=None, sm_scale=None, attn_sink=None):
@@ -22,6 +22,14 @@ def sparse_decode(q, cache: KVCache, indices, topk_len=None, sm_scale=None, attn
     Returns (out float32 [B,H,512], lse float32 [B,H]); a row with no valid
     token gives out 0 and lse -inf (or lse = sink with a sink), never NaN.
     """
+    out, lse = sparse_decode_float64(q, cache, indices, topk_len, sm_scale)
+    if attn_sink is not None:
+        out, lse = sink_float64(out, lse, attn_sink)
+    return out.float(), lse.float()
+
+
+def sparse_decode_float64(q, cache: KVCache, indices, topk_len=None, sm_scale=None):
+    """:func:`sparse_decode` without a sink, in float64: (out [B,H,512], lse [B,H]) float64."""
     B, H, D = q.shape
     K = indices.shape[1]
     scale = D ** -0.5 if sm_scale is None else float(sm_scale)
@@ -29,19 +37,29 @@ def sparse_decode(q, cache: KVCache, indices, topk_len=None, sm_scale=None, attn
     valid = indices >= 0
     if topk_len is not None:
         valid &= torch.arange(K, device=dev)[None, :] < topk_len.to(dev).long()[:, None]
-    kv = dequant_kv(cache, torch.where(valid, indices, torch.zeros_like(indices)).to(dev)).double()
+    kv = _gather(cache, indices, valid)
     s = torch.einsum("bhd,bkd->bhk", q.double(), kv) * scale
     s = s.masked_fill(~valid[:, None, :], -math.inf)
     lse = torch.logsumexp(s, dim=-1)                                    # -inf on empty rows
     p = torch.where(valid[:, None, :], torch.exp(s - lse[..., None].nan_to_num(neginf=0.0)),
                     torch.zeros((), dtype=s.dtype, device=dev))
-    out = torch.einsum("bhk,bkd->bhd", p, kv)
-    if attn_sink is not None:
-        sink = attn_sink.to(dev).double()[None, :].expand(B, H)
-        new_lse = torch.logaddexp(lse, sink)
-        out = out * torch.exp(lse - new_lse)[..., None]                 # exp(-inf) = 0 on empty rows
-        lse = new_lse
-    return out.float(), lse.float()
+    return torch.einsum("bhk,bkd->bhd", p, kv), lse
+
+
+def sink_float64(out, lse, attn_sink):
+    """The attention sink on float64 (out [B,H,512], lse [B,H]): exp(sink[h]) joins each row's softmax
+    denominator, lse' = logaddexp(lse, sink), out' = out * exp(lse - lse') (0 on empty rows)."""
+    sink = attn_sink.to(lse.device).double()[None, :].expand_as(lse)
+    new_lse = torch.logaddexp(lse, sink)
+    return out * torch.exp(lse - new_lse)[..., None], new_lse
+
+
+def _gather(cache: KVCache, indices, valid):
+    """The dequantized tokens of ``indices`` [B, K] where ``valid``, zeros elsewhere: float64 [B, K, 512]
+    (a call whose entries are all padding reads nothing, so an empty cache answers it too)."""
+    kv = torch.zeros(*indices.shape, HEAD_DIM, dtype=torch.float64, device=valid.device)
+    kv[valid] = dequant_kv(cache, indices.to(valid.device)[valid]).double()
+    return kv
 
 
 def indexer_logits(q, index_cache: IndexKCache, weights, seq_lens, page_table, max_seq_len):
@@ -117,7 +135,7 @@ def flash_mla_sparse_decode(q, cache: KVCache, indices, topk_len=None, attn_sink
         valid = idx >= 0
         if tl_ is not None:
             valid &= torch.arange(idx.shape[1], device=q.device)[None, :] < tl_.to(q.device).long()[:, None]
-        kv = dequant_kv(c, torch.where(valid, idx, torch.zeros_like(idx))).double()
+        kv = _gather(c, idx, valid)
         s = torch.einsum("bhd,bkd->bhk", q.double(), kv) * scale
         scores.append(s.masked_fill(~valid[:, None, :], -math.inf))
         values.append(kv)

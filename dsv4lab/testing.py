@@ -180,6 +180,52 @@ def check_decode(impl: str, inp: DecodeInputs, *, against: str = "reference"):
     return rel_err(out.float(), ro.float()), rel_err(lse, rl)
 
 
+def runnable_impls(op: str = "sparse_decode") -> list:
+    """The registered impls of ``op`` this process can run (a new impl is walked as soon as it is
+    registered): all but the Hopper kernel off sm_90 and SGLang's code where its wheel is missing."""
+    from . import api
+    from .kernels import hopper, indexer_gemm, sglang_peer
+    out = []
+    for impl in api.impls(op):
+        needs = api.impl_info(op, impl).needs
+        if "sm_90" in needs and hopper.unavailable_reason() is not None:
+            continue
+        if "sglang" in needs:
+            try:
+                sglang_peer.module() if op == "sparse_decode" else indexer_gemm.sglang_function()
+            except ImportError:
+                continue
+        out.append(impl)
+    return out
+
+
+def right_or_nan(got, want, flags) -> int:
+    """The decode's non-finite contract on one call: each row of ``got`` (out, lse) is ``want``'s (the
+    float64 reference's, as float32) or NaN in both out and lse, with errors.Flag.NONFINITE in ``flags``
+    exactly when a row is NaN; never a plausible other number, never lse -inf ("no token") for a row
+    the reference answers. Returns how many rows are NaN."""
+    from .errors import Flag
+    (out, lse), (ro, rl) = got, want
+    nan = torch.isnan(lse)
+    assert bool(torch.isnan(out.float()).flatten(2).any(-1)[nan].all()), "a NaN lse with a finite output"
+    assert bool(flags & Flag.NONFINITE) == bool(nan.any()), (flags, int(nan.sum()))
+    ok = ~nan
+    if bool(ok.any()):
+        e = rel_err(out.float()[ok], ro.to(out.device)[ok]), rel_err(lse[ok], rl.to(lse.device)[ok])
+        assert e[0] <= OUT_TOL and e[1] <= LSE_TOL, e
+    return int(nan.sum())
+
+
+def negative_scores_inputs(B=2, H=4, K=8, page_size=16, seed=5, device=None):
+    """(q, cache, indices) whose every score is negative (positive cache values, a negative q): with a
+    large sm_scale every scaled score lies far below zero."""
+    g = torch.Generator().manual_seed(seed)
+    device = device or torch_device()
+    cache = pack_kv((torch.rand(B * K * 2, 512, generator=g) + 0.1).to(device), page_size)
+    q = (-(torch.rand(B, H, 512, generator=g) + 0.1)).to(torch.bfloat16).to(device)
+    return q, cache, torch.arange(B * K, dtype=torch.int32, device=device).reshape(B, K)
+
+
 @dataclass
 class IndexerInputs:
     q: torch.Tensor

@@ -160,13 +160,14 @@ def test_bf16_partials(monkeypatch):
     from dsv4lab.kernels import split_k
     inp = make_decode_inputs(2, 16, 70, context=300, pad_frac=0.2, topk_len=True, sink=True)
     ro, rl = reference.sparse_decode(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5, **inp.kwargs())
-    from dsv4lab.kernels import common
-    monkeypatch.setattr(common, "_REUSED", {})
+    import threading
+    from dsv4lab import concurrency
+    monkeypatch.setattr(concurrency, "_LOCAL", threading.local())        # this caller's workspaces: none yet
     with poisoned():
         out, lse = split_k.run(inp.q, inp.cache, inp.indices, inp.topk_len, 512**-0.5, inp.attn_sink,
                                _launch("registers", 3, partials="bfloat16"))
-    (key,) = [k for k in common._REUSED if k[0] == "split_k.o"]       # (name, shape, dtype, device)
-    assert key[2] == torch.bfloat16
+    (ws,) = [ws for k, ws in concurrency.scope(inp.q.device)[0].items() if k[0][0] == "split_k"]  # (o, lse)
+    assert ws[0].dtype == torch.bfloat16
     assert rel_err(out.float(), ro) <= OUT_TOL
     assert rel_err(lse, rl) <= LSE_TOL
 

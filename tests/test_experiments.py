@@ -43,6 +43,7 @@ RUNNABLE = {
     "eager_host_path/run.py": [],
     "eager_host_path/host_python.py": ["--profile"],
     "eager_host_path/process_state.py": [],
+    "eager_host_path/per_caller.py": [],
     "compute_sanitizer/run.py": [],
     "other_gpus_compile/run.py": [],
 }

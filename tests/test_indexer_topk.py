@@ -211,8 +211,8 @@ def test_rows_split_over_programs_are_the_contract(split, ks, merge):
         assert torch.equal(_topk(x[:1], n[:1], 40, launch), _topk(x[:1], n[:1], 40))   # B = 1
         assert _topk(x[:0], n[:0], 8, launch).shape == (0, 8)
     if merge == "fused":                       # every row's ticket counter is back at zero
-        from dsv4lab.kernels import common
-        counters = [t for key, t in common._REUSED.items() if key[0] == "topk.count"]
+        from dsv4lab import concurrency
+        counters = [ws[2] for key, ws in concurrency.scope(x.device)[0].items() if key[0][0] == "topk" and key[0][4]]
         assert counters and all(int(t.abs().sum()) == 0 for t in counters)
 
 
@@ -220,19 +220,6 @@ def test_merge_option_is_checked():
     x = torch.randn(2, 300)
     with pytest.raises(ValueError, match="merge must be 'launch' or 'fused'"):
         _topk(x, _lens(300, 200), 8, TopkLaunch(tile=256, split=2, merge="cooperative"))
-
-
-def test_a_counter_made_during_capture_is_zeroed_outside_it(monkeypatch):
-    # torch.zeros under CUDA-graph capture only runs when the graph replays: the first call
-    # outside capture zeroes the counter again (once), so an eager call never sees junk tickets
-    from dsv4lab.kernels import common
-    monkeypatch.setattr(common, "_capturing", lambda t: True)
-    c = common.reused("test.count", (3,), torch.int32, "cpu", poison=False, zeroed=True)
-    c.fill_(5)                                  # what uninitialized graph-pool memory might hold
-    monkeypatch.setattr(common, "_capturing", lambda t: False)
-    assert common.reused("test.count", (3,), torch.int32, "cpu", poison=False, zeroed=True).tolist() == [0, 0, 0]
-    c.fill_(2)
-    assert common.reused("test.count", (3,), torch.int32, "cpu", poison=False, zeroed=True).tolist() == [2, 2, 2]
 
 
 def test_split_is_chosen_from_shapes_only():
@@ -481,12 +468,12 @@ def _refuse_checks(monkeypatch):
 def test_a_repeated_signature_skips_to_its_launches(monkeypatch):
     # an eager loop calls with the same shapes every step: after one checked call, each later call
     # with the same signature goes straight to its two launches, on its own data
-    dsv4lab.api._PREPARED.clear()
+    dsv4lab.api.prepared_calls().clear()
     inp = make_indexer_inputs(3, 16, 512, seq_lens=[512, 512, 512], seed=30)      # every page live in the table
     inp.seq_lens.copy_(_lens(512, 300, 64))
     call = lambda i: dsv4lab.indexer_topk(*i.args(), max_seq_len=512, topk=64, impl="triton")  # noqa: E731
     first = call(inp)
-    assert torch.equal(first, _step_ref(inp, 64)[1]) and len(dsv4lab.api._PREPARED) == 1
+    assert torch.equal(first, _step_ref(inp, 64)[1]) and len(dsv4lab.api.prepared_calls()) == 1
     _refuse_checks(monkeypatch)
     gen = torch.Generator().manual_seed(31)
     for step in range(3):
@@ -514,7 +501,7 @@ def test_a_repeated_signature_skips_to_its_launches(monkeypatch):
 
 
 def test_what_a_prepared_step_does_not_repeat(monkeypatch):
-    dsv4lab.api._PREPARED.clear()
+    dsv4lab.api.prepared_calls().clear()
     inp = make_indexer_inputs(2, 16, 256, seq_lens=[256, 100], seed=32)
     args = inp.args()
     want = _step_ref(inp, 32)[1]
@@ -524,8 +511,8 @@ def test_what_a_prepared_step_does_not_repeat(monkeypatch):
     call(*args, checks="sync")
     call(*args, topk=torch.tensor(32).numpy()[()])
     call(args[0].transpose(0, 1).contiguous().transpose(0, 1), *args[1:])   # q not contiguous
-    assert not dsv4lab.api._PREPARED
-    assert torch.equal(call(*args), want) and len(dsv4lab.api._PREPARED) == 1
+    assert not dsv4lab.api.prepared_calls()
+    assert torch.equal(call(*args), want) and len(dsv4lab.api.prepared_calls()) == 1
     real_checks = dsv4lab.api.check_indexer_args
     _refuse_checks(monkeypatch)
     assert torch.equal(call(*args), want)

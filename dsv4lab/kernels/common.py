@@ -11,19 +11,23 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
+import threading
 import types
 
 import torch
 import triton
 import triton.language as tl
 
-from ..api import _capturing
+from .. import concurrency
 from ..cache import DATA_BYTES, HEAD_DIM, NOPE_DIM, SCALE_BYTES
 from ..device import is_interpret
 from .. import errors
 from ..errors import Flag
 
 LOG2E = 1.4426950408889634
+
+if is_interpret():
+    concurrency.serialize_interpreter()      # the interpreter's state is global: one launch at a time
 
 #: the error word's bits (dsv4lab.errors.Flag), as kernels read them
 INDEX_FLAG = tl.constexpr(int(Flag.INDEX))
@@ -32,6 +36,7 @@ SINK_FLAG = tl.constexpr(int(Flag.SINK))
 NONFINITE_FLAG = tl.constexpr(int(Flag.NONFINITE))
 SEQ_LEN_FLAG = tl.constexpr(int(Flag.SEQ_LEN))
 PAGE_FLAG = tl.constexpr(int(Flag.PAGE))
+INDEXER_NONFINITE_FLAG = tl.constexpr(int(Flag.INDEXER_NONFINITE))
 
 
 @triton.jit
@@ -39,6 +44,24 @@ def in_cache(tok, num_tokens):
     """tok is a token of the cache: 0 <= tok < num_tokens, in one unsigned compare (a negative
     index, the padding, wraps to >= 2^31). Entries that fail it are padding: never read."""
     return tok.to(tl.uint32) < num_tokens
+
+
+@triton.jit
+def track_tokens_init(BLOCK: tl.constexpr):
+    """The start of :func:`track_tokens`' record: (largest index -1, smallest index as unsigned 2^32 - 1)."""
+    top = tl.full([BLOCK], -1, dtype=tl.int32)
+    return top, top.to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def track_tokens(top, low, tok):
+    """A decode loop's record of the indices ``tok`` it loaded (-1 past its row), one max and one min
+    an index: the largest (one past the cache is flagged after the loop) and the smallest as unsigned
+    (padding wraps above every token, so ``min(low) < num_tokens`` says the loop read a token of the
+    cache). A row whose softmax then weighed nothing although a token was read lost every score below
+    the running max's finite starting value or to -inf (an extreme sm_scale or q): it is NaN, never
+    "no token"."""
+    return tl.maximum(top, tok), tl.minimum(low, tok.to(tl.uint32, bitcast=True))
 
 
 @triton.jit
@@ -73,6 +96,19 @@ def live_length(SEQ, PT, b, max_seq_len, num_pages, stride_pb, PAGE: tl.constexp
         first = tl.minimum(first, tl.min(tl.where(bad, p, live), axis=0))
     flags |= tl.where(first < live, PAGE_FLAG, 0)
     return tl.minimum(seq, first * PAGE), flags
+
+
+@triton.jit
+def nonfinite_query(Q, W, b, stride_qb, stride_qh, stride_wb, H, HP: tl.constexpr, D: tl.constexpr):
+    """INDEXER_NONFINITE_FLAG where request b's indexer q [H, D] or weights [H] hold a NaN or inf (no
+    kernel may rank positions by them: relu on the GPU even drops a NaN score), else 0."""
+    h = tl.arange(0, HP)
+    d = tl.arange(0, D)
+    q = tl.load(Q + b * stride_qb + h[:, None] * stride_qh + d[None, :], mask=h[:, None] < H, other=0.0)
+    w = tl.load(W + b * stride_wb + h, mask=h < H, other=0.0)
+    ok = tl.min(tl.min((tl.abs(q.to(tl.float32)) < float("inf")).to(tl.int32), axis=1), axis=0)
+    ok = ok & tl.min((tl.abs(w.to(tl.float32)) < float("inf")).to(tl.int32), axis=0)
+    return tl.where(ok == 1, 0, INDEXER_NONFINITE_FLAG)
 
 
 def decode_call(q, cache, indices, topk_len, attn_sink, sm_scale):
@@ -265,6 +301,7 @@ def next_power_of_2(n: int) -> int:
 #: launch through ``kernel[grid](...)`` (experiments/eager_host_path measures one against the other)
 _DIRECT = [True]
 _LAUNCHES: dict = {}
+_FIRST_LAUNCH = threading.Lock()
 
 
 _DTYPE = operator.attrgetter("dtype")
@@ -296,12 +333,14 @@ def launch_kernel(kernel, grid: tuple, tensors: tuple, scalars: tuple, consts: d
     key = _launch_key(kernel, device, grid, consts, scalars, tuple(map(_DTYPE, tensors)))
     hit = _LAUNCHES.get(key)
     if hit is None:
-        compiled = kernel[grid](*tensors, *scalars, **consts)
-        # the launcher takes every parameter in signature order, constexprs included
-        tail = tuple(consts.get(p.name, p.default) for p in kernel.params[len(tensors) + len(scalars):])
-        if len(_LAUNCHES) >= 4096:
-            _LAUNCHES.clear()
-        _LAUNCHES[key] = (consts, kernel, compiled, tuple(grid) + (1,) * (3 - len(grid)), *_launcher(compiled), tail)
+        with _FIRST_LAUNCH:                  # one thread compiles a signature; the entry serves every caller
+            compiled = kernel[grid](*tensors, *scalars, **consts)
+            # the launcher takes every parameter in signature order, constexprs included
+            tail = tuple(consts.get(p.name, p.default) for p in kernel.params[len(tensors) + len(scalars):])
+            if len(_LAUNCHES) >= 4096:
+                _LAUNCHES.clear()
+            _LAUNCHES[key] = (consts, kernel, compiled, tuple(grid) + (1,) * (3 - len(grid)), *_launcher(compiled),
+                              tail)
         return compiled
     _, _, compiled, (g0, g1, g2), call, head, tail = hit
     call(g0, g1, g2, current_stream(device), *head, *tensors, *scalars, *tail)
@@ -421,34 +460,83 @@ def alloc(shape, dtype, device) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-_REUSED: dict = {}
+def workspaces(key: tuple, device, make) -> tuple:
+    """The caller's workspaces for ``key`` (which names the device): the tensors ``make()`` returns,
+    made on the caller's first call (dsv4lab.concurrency: a caller is a thread and, in it, a CUDA
+    stream) and handed out again on its later calls, whose launches its stream orders; no other caller
+    ever gets them. While a CUDA graph is captured they are made afresh on every call, from the graph's
+    private pool, so every graph has its own (``counters`` says how zeroed ones are made there)."""
+    store, stream = concurrency.scope(device)
+    if stream is concurrency.CAPTURING:
+        return make()
+    ws = store.get((key, stream))
+    if ws is None:
+        ws = store[key, stream] = make()
+    return ws
 
 
-def reused(name: str, shape: tuple, dtype: torch.dtype, device, *, poison: bool = True,
-           zeroed: bool = False) -> torch.Tensor:
-    """A workspace kept per (name, shape, dtype, device) and handed out again on every call, so a
-    CUDA graph that captured its address stays valid (split-K's partials, the top-k's candidates).
-    Two calls of one shape must not run concurrently on different streams. Under
-    testing.poisoned() it is refilled as ``alloc`` fills (``poison``), so an element a launch
-    forgets to write fails the check. ``zeroed``: zeros when made, for counters the kernels return
-    to zero themselves. Made during CUDA-graph capture, its zeroing only runs when the graph
-    replays, so the first call outside capture zeroes it again."""
-    key = (name, shape, dtype, device if isinstance(device, torch.device) else torch.device(device))
-    t = _REUSED.get(key)
-    if t is None:
-        t = _REUSED[key] = (torch.zeros if zeroed else torch.empty)(shape, dtype=dtype, device=device)
-        if zeroed and _capturing(t):
-            _UNZEROED.add(key)
-    elif _UNZEROED and key in _UNZEROED and not _capturing(t):
-        t.zero_()
-        _UNZEROED.discard(key)
-    if poison and _POISON[0]:
-        t.fill_(_poison_value(dtype))
+def counters(n: int, device) -> torch.Tensor:
+    """``n`` int32 counters at zero for a workspace (``make`` of :func:`workspaces`) whose kernels return
+    them to zero after every launch: under CUDA-graph capture a slice of a zeroed arena nobody else uses
+    (concurrency.zeroed_counters: the graph holds no memset), else zeros, leaving room in the arena
+    for this launch's later captures."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        if concurrency.capturing():
+            return concurrency.zeroed_counters(n, device)
+        concurrency.keep_arena(device, n)
+    return torch.zeros(n, dtype=torch.int32, device=device)
+
+
+def poison_all(*tensors):
+    """Under testing.poisoned(): refill reused workspaces (None: none) as ``alloc`` fills outputs, so an
+    element a launch forgets to write fails the check."""
+    if _POISON[0]:
+        for t in tensors:
+            if t is not None:
+                t.fill_(_poison_value(t.dtype))
+
+
+def reused(name: str, shape: tuple, dtype: torch.dtype, device, *, poison: bool = True) -> torch.Tensor:
+    """One workspace tensor of the caller's (:func:`workspaces`), refilled under testing.poisoned() (``poison``)."""
+    device = device if isinstance(device, torch.device) else torch.device(device)
+    (t,) = workspaces((name, shape, dtype, device), device,
+                      lambda: (torch.empty(shape, dtype=dtype, device=device),))
+    if poison:
+        poison_all(t)
     return t
 
 
-#: zeroed workspaces made during capture: not yet zero outside the graph
-_UNZEROED: set = set()
+@triton.jit(do_not_specialize=["FLAG"])      # one kernel for every bit: none compiles first inside a capture
+def _or_word_kernel(ERR, WHEN, FLAG):
+    if tl.load(WHEN):
+        tl.atomic_or(ERR, FLAG)
+
+
+@triton.jit
+def _swap_word_kernel(ERR, OUT, CLEAR: tl.constexpr):
+    if CLEAR:
+        tl.store(OUT, tl.atomic_xchg(ERR, 0))
+    else:
+        tl.store(OUT, tl.atomic_or(ERR, 0))
+
+
+_NO_CONSTS: dict = {}
+_CLEAR, _KEEP = {"CLEAR": True}, {"CLEAR": False}
+
+
+def or_word(err: torch.Tensor, when: torch.Tensor, flag: int):
+    """errors.set_flag on a GPU: ``flag`` ORed into the error word ``err`` by an atomic where the 0-d
+    bool ``when`` is true (one launch, no sync)."""
+    launch_kernel(_or_word_kernel, (1,), (err, when), (flag,), _NO_CONSTS)
+
+
+def swap_word(err: torch.Tensor, clear: bool) -> int:
+    """errors.read on a GPU: the error word's bits, swapped for 0 (``clear``) in one atomic exchange on
+    the current stream (a host sync)."""
+    out = torch.empty(1, dtype=torch.int32, device=err.device)
+    launch_kernel(_swap_word_kernel, (1,), (err, out), (), _CLEAR if clear else _KEEP)
+    return int(out.item())
 
 
 def finish(out: torch.Tensor) -> torch.Tensor:

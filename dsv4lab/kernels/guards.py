@@ -10,7 +10,8 @@ word (dsv4lab.errors), exactly as the lab's decode kernels treat the same values
 * indexer: seq_lens is clamped to [0, max_seq_len], and a request whose live pages hold a page id
   outside [0, num_pages) is cut at the first such page (its positions from there on are -inf:
   never read, never chosen); ``whole_table``: a copy of the page table with every entry outside
-  the cache replaced by page 0, for code that gathers the whole table (the torch fallbacks).
+  the cache replaced by page 0, for code that gathers the whole table (the torch fallbacks); a
+  non-finite q or weight is flagged (INDEXER_NONFINITE).
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ import triton
 import triton.language as tl
 
 from .. import errors
-from .common import INDEX_FLAG, SINK_FLAG, in_cache, launch_kernel, live_length, row_length
+from .common import (INDEX_FLAG, SINK_FLAG, in_cache, launch_kernel, live_length, next_power_of_2, nonfinite_query,
+                     row_length)
 
 BLOCK = 1024
 
@@ -68,10 +70,12 @@ def sanitize_decode(indices, topk_len, attn_sink, num_tokens: int):
 
 
 @triton.jit
-def _indexer_guard_kernel(SEQ, PT, SEQ_OUT, PT_OUT, ERR, max_seq_len, num_pages, P, stride_pb,
-                          PAGE: tl.constexpr, BLOCK: tl.constexpr, WHOLE_TABLE: tl.constexpr):
+def _indexer_guard_kernel(SEQ, PT, SEQ_OUT, PT_OUT, ERR, Q, W, max_seq_len, num_pages, P, stride_pb,
+                          stride_qb, stride_qh, stride_wb, H, PAGE: tl.constexpr, BLOCK: tl.constexpr,
+                          WHOLE_TABLE: tl.constexpr, HP: tl.constexpr, D: tl.constexpr):
     b = tl.program_id(0)
     seq, flags = live_length(SEQ, PT, b, max_seq_len, num_pages, stride_pb, PAGE, BLOCK)
+    flags |= nonfinite_query(Q, W, b, stride_qb, stride_qh, stride_wb, H, HP, D)
     tl.store(SEQ_OUT + b, seq)
     c = tl.arange(0, BLOCK)
     row = PT + b * stride_pb
@@ -84,19 +88,22 @@ def _indexer_guard_kernel(SEQ, PT, SEQ_OUT, PT_OUT, ERR, max_seq_len, num_pages,
 
 
 def sanitize_indexer(seq_lens, page_table, max_seq_len: int, num_pages: int, page_size: int, *,
-                     whole_table: bool):
+                     whole_table: bool, q, weights):
     """(seq_lens, page_table) safe for the indexer: seq_lens [B] int32 (contiguous) -> a new copy clamped to
     [0, max_seq_len] and cut before a request's first live page id outside [0, num_pages);
     ``whole_table``: also a copy of page_table [B, P] with every entry outside the cache set to 0
-    (else page_table itself: entries below the new lengths all lie in the cache). Flags SEQ_LEN / PAGE."""
+    (else page_table itself: entries below the new lengths all lie in the cache). Flags SEQ_LEN / PAGE,
+    and INDEXER_NONFINITE for a non-finite ``q`` [B, H, 128] or ``weights`` [B, H] (unit last strides)."""
     B, P = page_table.shape
     if B == 0:
         return seq_lens, page_table
     seq = torch.empty_like(seq_lens)
     table = torch.empty((B, P), dtype=torch.int32, device=page_table.device) if whole_table else page_table
+    H = q.shape[1]
     launch_kernel(_indexer_guard_kernel, (B,), (
-        seq_lens, page_table, seq, table, errors.word(seq_lens.device)), (max_seq_len, num_pages, P,
-        page_table.stride(0)), _consts(PAGE=page_size, BLOCK=BLOCK, WHOLE_TABLE=whole_table))
+        seq_lens, page_table, seq, table, errors.word(seq_lens.device), q, weights), (max_seq_len, num_pages, P,
+        page_table.stride(0), q.stride(0), q.stride(1), weights.stride(0), H),
+        _consts(PAGE=page_size, BLOCK=BLOCK, WHOLE_TABLE=whole_table, HP=next_power_of_2(H), D=q.shape[2]))
     return seq, table
 
 

@@ -37,8 +37,8 @@ from .. import errors
 from ..api import register
 from ..planning import STORY_TILES, Launch, choose_tiles, launch_for, per_shape
 from .common import (INDEX_FLAG, LOG2E, MAX_SCALE_BYTE, NONFINITE_FLAG, SINK_FLAG, alloc, cache_views, cdiv, decode_call,
-                     dequant_kv, dot_dtype, finish, gather_kv_tile, in_cache, launch_kernel, load_kv_raw, out_dtype,
-                     prefetch_kv_l2_bulk, row_length, token_limit)
+                     dequant_kv, dot_dtype, finish, gather_kv_tile, in_cache, launch_kernel, load_kv_raw,
+                     out_dtype, prefetch_kv_l2_bulk, row_length, token_limit, track_tokens, track_tokens_init)
 
 
 @triton.jit
@@ -83,22 +83,32 @@ def _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, FOLD_SCALE: tl.constexpr
 
 
 @triton.jit
-def _finish_rows(m_i, l_i, acc, SINK, heads, hmask, HAS_SINK: tl.constexpr, CHECK_OUT: tl.constexpr = True):
+def _finish_rows(m_i, l_i, acc, SINK, heads, hmask, read, HAS_SINK: tl.constexpr, CHECK_OUT: tl.constexpr = True):
     """(out, lse, error bits) of a block of rows from the running max (log2 units), sum and
     accumulator; a row with no valid token gives out 0 and lse -inf (or the sink). The sink adds
     exp(sink[h]) to the softmax denominator: lse' = logaddexp(lse, sink), out' = out * exp(lse - lse').
-    Bits: SINK_FLAG for a non-finite sink, NONFINITE_FLAG (CHECK_OUT) for a non-finite output."""
-    has = l_i > 0.0
-    lse = tl.where(has, (m_i + tl.math.log2(tl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
-    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    A row that cannot be computed is NaN in out and lse, never "no token": a NaN or infinite sum (a
+    non-finite q, score or cache value; a term past float32), or a sum of 0 although the block ``read``
+    a token of the cache (every score below the running max's starting value or -inf: an extreme
+    sm_scale or q; track_tokens). Bits:
+    SINK_FLAG for a non-finite sink, NONFINITE_FLAG (CHECK_OUT) for a non-finite output."""
+    empty = l_i == 0.0                       # NaN is not empty: its row comes out NaN
+    # an infinite sum cannot be computed either: with the scale folded into exp2's FMA, a score near
+    # float32's range differs from the rounded running max by more than exp2 can take (sm_scale 1e30)
+    lost = (empty & read) | (l_i == float("inf"))
+    l_safe = tl.where(empty, 1.0, l_i)
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) / 1.4426950408889634)
+    out = acc / l_safe[:, None]
     flags = tl.full([], 0, tl.int32)
     if HAS_SINK:
         sink = tl.load(SINK + heads, mask=hmask, other=0.0).to(tl.float32)
         new_lse = tl.maximum(lse, sink) + tl.log(1.0 + tl.exp(-tl.abs(lse - sink)))
-        new_lse = tl.where(has, new_lse, sink)
+        new_lse = tl.where(empty, sink, new_lse)
         out = out * tl.exp(lse - new_lse)[:, None]
         lse = new_lse
         flags |= tl.where(tl.min((tl.abs(sink) < float("inf")).to(tl.int32), axis=0) == 1, 0, SINK_FLAG)
+    lse = tl.where(lost, float("nan"), lse)
+    out = tl.where(lost[:, None], float("nan"), out)
     if CHECK_OUT:
         # one reduction over the block after the loop (NaN fails the compare). Over the whole block,
         # not row sums then rows: Triton 3.6 cannot reduce a row vector of an sm_100 (tcgen05)
@@ -125,7 +135,7 @@ def _story_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE, ERR,
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, D], dtype=tl.float32)
     t = tl.arange(0, BLOCK_N)
-    top = tl.full([BLOCK_N], -1, dtype=tl.int32)      # the largest live index seen (flagged past the cache)
+    top, low = track_tokens_init(BLOCK_N)            # the live indices seen (one past the cache is flagged)
     end = K                                           # SGLang's loop: the whole padded row
     if STOP_AT_LEN:
         end = n_valid                                 # the lab's early stop (impl "mma_story_stop")
@@ -133,11 +143,11 @@ def _story_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE, ERR,
         pos = start + t
         tok = tl.load(IDX + b * stride_ib + pos, mask=pos < K, other=-1)
         live = pos < n_valid                          # entries past topk_len: loaded, masked, not flagged
-        top = tl.maximum(top, tl.where(live, tok, -1))
+        top, low = track_tokens(top, low, tl.where(live, tok, -1))
         valid = live & in_cache(tok, num_tokens)
         kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, DOT)
         m_i, l_i, acc = _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale)
-    out, lse, fin = _finish_rows(m_i, l_i, acc, SINK, heads, hmask, HAS_SINK)
+    out, lse, fin = _finish_rows(m_i, l_i, acc, SINK, heads, hmask, tl.min(low, axis=0) < num_tokens, HAS_SINK)
     tl.store(O + b * stride_ob + heads[:, None] * stride_oh + col[None, :], out.to(O.dtype.element_ty),
              mask=hmask[:, None])
     tl.store(LSE + b * H + heads, lse, mask=hmask)
@@ -181,23 +191,23 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
     acc = tl.zeros([BLOCK_H, D], dtype=tl.float32)
     t = tl.arange(0, BLOCK_N)
     row = IDX + b * stride_ib
-    # Bad input costs the loop one max per index, in registers: the largest index a program saw, so an
-    # index past the cache (read as padding by in_cache's compare, which replaces the "< 0" test) is
-    # flagged once, after the loop
-    top = tl.full([BLOCK_N], -1, dtype=tl.int32)
+    # Bad input costs the loop one max and one min per index, in registers (track_tokens): the largest
+    # index a program saw, so an index past the cache (read as padding by in_cache's compare, which
+    # replaces the "< 0" test) is flagged once, after the loop, and whether it read a token at all
+    top, low = track_tokens_init(BLOCK_N)
     if LOOP == 2:
         # Software pipeline in registers: the raw bytes of tile i+1 are loaded (not waited
         # on) before tile i is multiplied, its indices one tile earlier still, and tile i+1
         # is dequantized after tile i's P @ V is issued, so the scheduler can interleave
         # the conversions with the matrix instructions. Costs the registers of one raw tile.
         tok = tl.load(row + lo + t, mask=lo + t < hi, other=-1)
-        top = tl.maximum(top, tok)
+        top, low = track_tokens(top, low, tok)
         valid = (lo + t < hi) & in_cache(tok, num_tokens)
         x, e, r = load_kv_raw(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D)
         kv = dequant_kv(x, e, r, NOPE, D, DOT, DEQUANT_BITS)
         tok_next = tl.load(row + lo + BLOCK_N + t, mask=lo + BLOCK_N + t < hi, other=-1)
         for start in range(lo, hi, BLOCK_N):
-            top = tl.maximum(top, tok_next)
+            top, low = track_tokens(top, low, tok_next)
             valid_next = (start + BLOCK_N + t < hi) & in_cache(tok_next, num_tokens)
             x, e, r = load_kv_raw(KV_FP8, KV_U8, KV_BF16, tok_next, valid_next, PAGE_SIZE, PAGE_BYTES, NOPE, D)
             tok_next = tl.load(row + start + 2 * BLOCK_N + t, mask=start + 2 * BLOCK_N + t < hi, other=-1)
@@ -222,7 +232,7 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
         for start in range(lo, hi, BLOCK_N):
             pos = start + t
             tok = tok_next
-            top = tl.maximum(top, tok)
+            top, low = track_tokens(top, low, tok)
             valid = (pos < hi) & in_cache(tok, num_tokens)
             tok_next = tl.load(row + pos + BLOCK_N, mask=pos + BLOCK_N < hi, other=-1)
             kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, DOT, DEQUANT_BITS)
@@ -236,12 +246,13 @@ def _head_batched_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE,
         for start in range(lo, hi, BLOCK_N):             # empty when the slice is past topk_len
             pos = start + t
             tok = tl.load(row + pos, mask=pos < hi, other=-1)
-            top = tl.maximum(top, tok)
+            top, low = track_tokens(top, low, tok)
             valid = (pos < hi) & in_cache(tok, num_tokens)
             kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, DOT, DEQUANT_BITS)
             m_i, l_i, acc = _attend_tile(q, kv, valid, m_i, l_i, acc, qk_scale, FOLD_SCALE)
     # split slices leave the sink and the check of the output to the merge (split_k.py)
-    out, lse, fin = _finish_rows(m_i, l_i, acc, SINK, heads, hmask, HAS_SINK and not SPLIT, not SPLIT)
+    out, lse, fin = _finish_rows(m_i, l_i, acc, SINK, heads, hmask, tl.min(low, axis=0) < num_tokens,
+                                 HAS_SINK and not SPLIT, not SPLIT)
     o_ptr = O + b * stride_ob + heads[:, None] * stride_oh + sp * stride_os + col[None, :]
     tl.store(o_ptr, out.to(O.dtype.element_ty), mask=hmask[:, None])
     # LSE is [B, H] (final) or [B, H, NSPLIT] (partials), contiguous

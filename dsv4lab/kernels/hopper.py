@@ -88,6 +88,7 @@ if gluon is not None:
     _INDEX_FLAG = gl.constexpr(int(Flag.INDEX))
     _TOPK_LEN_FLAG = gl.constexpr(int(Flag.TOPK_LEN))
     _SINK_FLAG = gl.constexpr(int(Flag.SINK))
+    _NONFINITE_FLAG = gl.constexpr(int(Flag.NONFINITE))
 
     @gluon.constexpr_function
     def _chunk_layout():
@@ -113,6 +114,17 @@ if gluon is not None:
         """The slice's indices start .. start + N - 1 (-1 from its end ``hi`` on)."""
         pos = start + gl.arange(0, N, layout=layout)
         return gl.load(IDX + row + pos, mask=pos < hi, other=-1)
+
+    @gluon.jit
+    def _any_token(IDX, row, lo, hi, num_tokens, layout: gl.constexpr, N: gl.constexpr):
+        """Whether entries lo .. hi-1 of the index row name a token of the cache: what common.track_tokens
+        records in the Triton kernels' loops, scanned here after the loop and only for a block holding a
+        row that weighed nothing (the consumers' registers are spent)."""
+        found = gl.zeros([N], gl.int32, layout)
+        for s in range(lo, hi, N):
+            tok = _tokens(IDX, row, s, hi, layout, N)
+            found = gl.maximum(found, (tok.to(gl.uint32) < num_tokens).to(gl.int32))
+        return gl.max(found, axis=0) > 0
 
     @gluon.jit
     def _token_offsets(tok, num_tokens, PAGE_SIZE: gl.constexpr, PAGE_BYTES: gl.constexpr):
@@ -344,22 +356,30 @@ if gluon is not None:
             if i == 0:
                 _clock(trace, 6, TRACED)
         _clock(trace, 7, TRACED)
-        # the rows' output and lse (head_batched._finish_rows, in this layout)
+        # the rows' output and lse (head_batched._finish_rows, in this layout): a NaN sum gives a NaN row,
+        # and so does a sum of 0 after reading a token (every score lost: an extreme sm_scale or q)
         heads = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=rows_o)
         hmask = heads < H
         l_o = gl.convert_layout(l_i, rows_o)
         m_o = gl.convert_layout(m_i, rows_o)
-        has = l_o > 0.0
-        lse = gl.where(has, (m_o + gl.log2(gl.where(has, l_o, 1.0))) / 1.4426950408889634, float("-inf"))
+        empty = l_o == 0.0
+        lost = gl.zeros_like(empty)
+        if gl.min(l_o, axis=0) == 0.0:
+            lost = empty & _any_token(IDX, row, lo, hi, num_tokens, gl.SliceLayout(0, s_layout), BLOCK_N)
+        l_safe = gl.where(empty, 1.0, l_o)
+        lse = gl.where(empty, float("-inf"), (m_o + gl.log2(l_safe)) / 1.4426950408889634)
         # one factor a row (1 / l, and the sink's rescale), multiplied into the row's values
-        inv = 1.0 / gl.where(has, l_o, 1.0)
+        inv = 1.0 / l_safe
         if HAS_SINK:
             sink = gl.load(SINK + heads, mask=hmask, other=0.0).to(gl.float32)
             new_lse = gl.maximum(lse, sink) + gl.log(1.0 + gl.exp(-gl.abs(lse - sink)))
-            new_lse = gl.where(has, new_lse, sink)
+            new_lse = gl.where(empty, sink, new_lse)
             inv = inv * gl.exp(lse - new_lse)
             lse = new_lse
             flags |= gl.where(gl.min((gl.abs(sink) < float("inf")).to(gl.int32), axis=0) == 1, 0, _SINK_FLAG)
+        lost = lost | (l_o == float("inf"))          # a term overflowed (see head_batched._finish_rows)
+        lse = gl.where(lost, float("nan"), lse)
+        inv = gl.where(lost, float("nan"), inv)
         # out through shared memory (Q's buffer: the last Q K^T has completed), so each thread
         # stores 16 bytes of a row instead of the MMA layout's scattered 4-byte pieces
         q_smem.store((acc * gl.expand_dims(inv, 1)).to(gl.bfloat16))
@@ -369,6 +389,9 @@ if gluon is not None:
         gl.store(o_ptr, out.to(O.dtype.element_ty), mask=gl.expand_dims(heads_ld < H, 1))
         gl.store(LSE + (b * H + heads) * nsplit + sp, lse, mask=hmask)
         flags |= gl.where(gl.max(top, axis=0) >= num_tokens, _INDEX_FLAG, 0)
+        # a non-finite output (NaN fails the compare), over the whole block
+        ok = (gl.abs(out.to(gl.float32)) < float("inf")) | gl.expand_dims(heads_ld >= H, 1)
+        flags |= gl.where(gl.min(gl.min(ok.to(gl.int32), axis=1), axis=0) == 1, 0, _NONFINITE_FLAG)
         gl.atomic_or(ERR, flags, mask=flags != 0)
         _clock(trace, 8, TRACED)
 

@@ -39,11 +39,12 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import errors
 from ..api import register
 from ..cache import INDEX_DIM, IndexKCache
 from ..device import info, is_interpret
 from . import common
-from .common import alloc, cdiv, dot_dtype, launch_kernel, next_power_of_2
+from .common import alloc, cdiv, dot_dtype, launch_kernel, next_power_of_2, nonfinite_query
 from .topk import TOPK, TopkLaunch, launches, select, topk_triton
 
 
@@ -122,7 +123,7 @@ def _pow2(e):
 
 
 @triton.jit
-def _indexer_kernel(Q, W, KV_FP8, KV_F32, SEQ, PT, OUT, max_seq_len, num_pages, pt_cols,
+def _indexer_kernel(Q, W, KV_FP8, KV_F32, SEQ, PT, OUT, ERR, max_seq_len, num_pages, pt_cols,
                     stride_qb, stride_qh, stride_wb, stride_pb, stride_ob,
                     H: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
                     FILL: tl.constexpr, DOT: tl.constexpr, PREFETCH: tl.constexpr = 0,
@@ -142,6 +143,9 @@ def _indexer_kernel(Q, W, KV_FP8, KV_F32, SEQ, PT, OUT, max_seq_len, num_pages, 
     t = tl.arange(0, PAGE)
     q = tl.load(Q + b * stride_qb + h[:, None] * stride_qh + d[None, :], mask=h[:, None] < H, other=0.0)
     w = tl.load(W + b * stride_wb + h, mask=h < H, other=0.0).to(tl.float32)
+    if pid == 0:                                           # one program a request checks its q and weights
+        flag = nonfinite_query(Q, W, b, stride_qb, stride_qh, stride_wb, H, HP, D)
+        tl.atomic_or(ERR, flag, mask=flag != 0)
     if ROUND_FP16:
         # fp16 holds every bf16 value within 2^31 of a head's largest |q| exactly: scale each head by
         # a power of two that puts its largest at [2^14, 2^15), and the weight by the inverse
@@ -257,7 +261,8 @@ def _logits_plan(q, index_cache, weights, page_table, max_seq_len, launch, fill_
 def _run_logits(plan, q, index_cache, weights, seq_lens, page_table, out):
     g, scalars, consts = plan
     fp8, f32 = index_cache.flat_views
-    launch_kernel(_indexer_kernel, g, (q, weights, fp8, f32, seq_lens, page_table, out), scalars, consts)
+    launch_kernel(_indexer_kernel, g, (q, weights, fp8, f32, seq_lens, page_table, out, errors.word(q.device)),
+                  scalars, consts)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -295,8 +300,9 @@ class PreparedStep:
     work instead of the checks and the planning every time (experiments/eager_host_path).
 
     Calling it returns the positions, or None where the full path must run instead: another cache
-    object, ``LOGITS`` or ``TOPK`` replaced, outputs to poison (``testing.poisoned``), or a
-    workspace to zero again after a CUDA-graph capture (``common.reused``)."""
+    object, ``LOGITS`` or ``TOPK`` replaced, or outputs to poison (``testing.poisoned``). Its
+    workspaces are its caller's (the thread and stream it was prepared for: api.prepared_calls keys
+    it by them)."""
 
     def __init__(self, q, index_cache, weights, seq_lens, page_table, max_seq_len: int, k: int):
         B = q.shape[0]
@@ -306,7 +312,8 @@ class PreparedStep:
         g, scalars, consts = _logits_plan(q, index_cache, weights, page_table, max_seq_len, LOGITS, False)
         fp8, f32 = index_cache.flat_views            # the cache's two pointers, as __call__ passes them
         self.logits = common.bind_launch(_indexer_kernel, g, scalars, consts, (
-            q.dtype, weights.dtype, fp8.dtype, f32.dtype, seq_lens.dtype, page_table.dtype, torch.float32))
+            q.dtype, weights.dtype, fp8.dtype, f32.dtype, seq_lens.dtype, page_table.dtype, torch.float32, torch.int32))
+        self.err = errors.word(q.device)
         self.topk = launches(B, max_seq_len, max_seq_len, k, TOPK,
                              (index_cache.num_pages, index_cache.page_size, page_table.stride(0)), q.device, bound=True)
 
@@ -322,12 +329,12 @@ class PreparedStep:
         return PreparedStep(q, index_cache, weights, seq_lens, page_table, max_seq_len, k)
 
     def __call__(self, q, index_cache, weights, seq_lens, page_table):
-        if (self.cache() is not index_cache or common._POISON[0] or common._UNZEROED
+        if (self.cache() is not index_cache or common._POISON[0]
                 or self.options[0] is not LOGITS or self.options[1] is not TOPK):
             return None
         logits = torch.empty(self.logits_shape, dtype=torch.float32, device=self.device)
         fp8, f32 = index_cache.flat_views
-        self.logits(q, weights, fp8, f32, seq_lens, page_table, logits)
+        self.logits(q, weights, fp8, f32, seq_lens, page_table, logits, self.err)
         out = torch.empty(self.out_shape, dtype=torch.int32, device=self.device)
         self.topk(logits, seq_lens, page_table, out)
         return out

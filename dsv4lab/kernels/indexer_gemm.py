@@ -27,6 +27,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from .. import api
 from ..api import register
 from ..cache import INDEX_DIM, IndexKCache
 
@@ -57,10 +58,13 @@ def logits_torch(q, index_cache: IndexKCache, weights, seq_lens, page_table, max
     return out.masked_fill_(pos[None, :] >= seq_lens[:, None], float("-inf"))
 
 
-def topk_from_logits(logits, k: int):
+def topk_from_logits(logits, k: int, seq_lens=None):
     """Positions of the k largest logits per row that are not -inf (NaN above every number, as
     torch.topk), -1 where a row has fewer: the same contract as reference.topk_indices, on the GPU
-    without a host sync (graph-safe)."""
+    without a host sync (graph-safe). With ``seq_lens`` (as sanitized: the registered impls), a live
+    logit that is not finite is flagged (api.flag_nonfinite_logits)."""
+    if seq_lens is not None:
+        api.flag_nonfinite_logits(logits, seq_lens)
     B, L = logits.shape
     vals, idx = torch.topk(logits, min(k, L), dim=-1)
     idx = torch.where(vals != -math.inf, idx, torch.full_like(idx, -1)).int()
@@ -106,7 +110,8 @@ for _name, _dt in (("torch_fp32", torch.float32), ("torch_bf16", torch.bfloat16)
         return logits_torch(q, index_cache, weights, seq_lens, page_table, max_seq_len, _dt)
 
     def _topk(q, index_cache, weights, seq_lens, page_table, *, max_seq_len, topk, _dt=_dt):
-        return topk_from_logits(logits_torch(q, index_cache, weights, seq_lens, page_table, max_seq_len, _dt), topk)
+        return topk_from_logits(logits_torch(q, index_cache, weights, seq_lens, page_table, max_seq_len, _dt), topk,
+                                seq_lens)
     _props = dict(stage="S0" if _dt == torch.float32 else "S3", reads_dead_pages=True,
                   description=f"SGLang's graph-safe torch fallback over the max context, {_dt} bmm")
     register("indexer_logits", _name, **_props)(_logits)
@@ -122,7 +127,7 @@ def _logits_sglang(q, index_cache, weights, seq_lens, page_table, *, max_seq_len
 @register("indexer_topk", "sglang", stage="S3", needs=("sglang",), reads_dead_pages=True,
           description="SGLang's fp8_paged_mqa_logits_torch_sm120 (bf16 bmm over the max context), from its wheel")
 def _topk_sglang(q, index_cache, weights, seq_lens, page_table, *, max_seq_len, topk):
-    return topk_from_logits(logits_sglang(q, index_cache, weights, seq_lens, page_table, max_seq_len), topk)
+    return topk_from_logits(logits_sglang(q, index_cache, weights, seq_lens, page_table, max_seq_len), topk, seq_lens)
 
 
 assert INDEX_DIM == 128

@@ -12,16 +12,19 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import math
 import os
 
 import torch
 
-from .. import errors
+from .. import api, errors
 from ..api import register
 from ..device import is_interpret
 from . import guards
 
 SGLANG_VERSION = "0.5.23"
+#: SGLang's merge and sink take a partial whose lse is at or below this for one with no valid token
+EMPTY_LSE = -1e20
 _REL_PATH = ("kernels", "ops", "attention", "flash_mla_sm120_triton.py")
 INTERPRET_BLOCK_T = 16   # the autotuner cannot run under the interpreter: one explicit tile
 
@@ -63,7 +66,8 @@ def module():
     ``_run_triton_sparse_decode`` (which SGLang's ``flash_mla_sparse_decode_triton`` calls per cache)
     takes its indices through the lab's device-side guard first (kernels.guards: an index past the
     cache becomes padding, topk_length is clamped, both flagged; no host sync), since SGLang's
-    kernel trusts them. SGLang's code itself runs unchanged."""
+    kernel trusts them, and its rows through the lab's non-finite contract (api.peer_rows). SGLang's
+    code itself runs unchanged."""
     path = sglang_file()
     spec = importlib.util.spec_from_file_location("dsv4lab_sglang_flash_mla_sm120_triton", path)
     mod = importlib.util.module_from_spec(spec)
@@ -74,7 +78,8 @@ def module():
         B = q.shape[0]
         idx, tlen = guards.sanitize_decode(indices.reshape(B, -1), None if topk_length is None else
                                            topk_length.contiguous(), None, k_cache.shape[0] * k_cache.shape[1])
-        return original(q, k_cache, idx, tlen, softmax_scale)
+        # SGLang's merge and sink then read an lse <= -1e20 as "no token": such rows are flagged NaN
+        return api.peer_rows(*original(q, k_cache, idx, tlen, softmax_scale), idx, tlen, empty_at=EMPTY_LSE)
     mod._run_triton_sparse_decode = run_guarded
     mod.unguarded_run_triton_sparse_decode = original
     return mod
@@ -99,11 +104,17 @@ def one_config_when_interpreting(mod=None):
         kernel.configs = saved
 
 
-def run(q, cache, indices, topk_len, sm_scale):
+def run(q, cache, indices, topk_len, sm_scale, empty_at=-math.inf):
     """Launch SGLang's kernel on q [B,H,512] and the lab's cache; returns (out, lse) [B,H,*]. Indices
-    past cache.num_tokens become padding and topk_len is clamped first, on the device (kernels.guards)."""
-    mod = module()
+    past cache.num_tokens become padding and topk_len is clamped first, on the device (kernels.guards);
+    rows SGLang's kernel cannot compute come out NaN, flagged (api.peer_rows: an lse at or below
+    ``empty_at`` after reading a token is one)."""
     indices, topk_len = guards.sanitize_decode(indices, topk_len, None, cache.num_tokens)
+    return api.peer_rows(*_launch(q, cache, indices, topk_len, sm_scale), indices, topk_len, empty_at=empty_at)
+
+
+def _launch(q, cache, indices, topk_len, sm_scale):
+    mod = module()
     if not is_interpret():
         out, lse = mod.unguarded_run_triton_sparse_decode(q.unsqueeze(1), cache.k_cache, indices, topk_len, sm_scale)
         return out.squeeze(1), lse.squeeze(1)
@@ -129,7 +140,8 @@ def run(q, cache, indices, topk_len, sm_scale):
 @register("sparse_decode", "sglang", stage="S0", needs=("sglang",),
           description="SGLang 0.5.23's _tiled_sparse_decode_kernel (SIMT), from its wheel")
 def sparse_decode_sglang(q, cache, indices, *, topk_len, sm_scale, attn_sink):
-    out, lse = run(q, cache, indices, topk_len, sm_scale)
+    # SGLang's sink reads an lse <= -1e20 as "no token"
+    out, lse = run(q, cache, indices, topk_len, sm_scale, EMPTY_LSE if attn_sink is not None else -math.inf)
     if attn_sink is not None:
         errors.set_flag(q.device, errors.Flag.SINK, ~torch.isfinite(attn_sink).all())
         # SGLang's _apply_attn_sink, on our [B,H] layout

@@ -12,8 +12,8 @@ import triton
 import triton.language as tl
 
 from ..api import register
-from .common import (INDEX_FLAG, NONFINITE_FLAG, SINK_FLAG, decode_call, finish, gather_kv_tile, in_cache,
-                     row_length)
+from .common import (INDEX_FLAG, NONFINITE_FLAG, SINK_FLAG, decode_call, finish, gather_kv_tile, in_cache, row_length,
+                     track_tokens, track_tokens_init)
 
 BLOCK_T = 16
 NUM_WARPS = 4
@@ -35,11 +35,11 @@ def _simt_decode_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE, 
     l_i = 0.0
     acc = tl.zeros([D], dtype=tl.float32)
     t = tl.arange(0, BLOCK_T)
-    top = tl.full([BLOCK_T], -1, dtype=tl.int32)      # largest index seen: > num_tokens - 1 is flagged
+    top, low = track_tokens_init(BLOCK_T)            # largest index seen: > num_tokens - 1 is flagged
     for start in range(0, n_valid, BLOCK_T):        # stops at topk_len: no work past it
         pos = start + t
         tok = tl.load(IDX + b * stride_ib + pos, mask=pos < n_valid, other=-1)
-        top = tl.maximum(top, tok)
+        top, low = track_tokens(top, low, tok)
         valid = (pos < n_valid) & in_cache(tok, num_tokens)
         kv = gather_kv_tile(KV_FP8, KV_U8, KV_BF16, tok, valid, PAGE_SIZE, PAGE_BYTES, NOPE, D, tl.float32)
         s = tl.sum(q[None, :] * kv, axis=1)
@@ -50,17 +50,22 @@ def _simt_decode_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE, 
         l_i = l_i * alpha + tl.sum(p, axis=0)
         acc = acc * alpha + tl.sum(p[:, None] * kv, axis=0)
         m_i = m_new
-    has = l_i > 0.0
-    lse = tl.where(has, (m_i + tl.math.log2(tl.where(has, l_i, 1.0))) / 1.4426950408889634, float("-inf"))
-    out = acc / tl.where(has, l_i, 1.0)
+    # as head_batched._finish_rows: a NaN sum gives a NaN row, a sum of 0 after reading a token a NaN row
+    empty = l_i == 0.0
+    lost = empty & (tl.min(low, axis=0) < num_tokens)
+    l_safe = tl.where(empty, 1.0, l_i)
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) / 1.4426950408889634)
+    out = acc / l_safe
     flags |= tl.where(tl.max(top, axis=0) >= num_tokens, INDEX_FLAG, 0)
     if HAS_SINK:
         sink = tl.load(SINK + h).to(tl.float32)
         flags |= tl.where(tl.abs(sink) < float("inf"), 0, SINK_FLAG)
         new_lse = tl.maximum(lse, sink) + tl.log(1.0 + tl.exp(-tl.abs(lse - sink)))
-        new_lse = tl.where(has, new_lse, sink)
+        new_lse = tl.where(empty, sink, new_lse)
         out = out * tl.exp(lse - new_lse)
         lse = new_lse
+    lse = tl.where(lost, float("nan"), lse)
+    out = tl.where(lost, float("nan"), out)
     flags |= tl.where(tl.sum((tl.abs(out) < float("inf")).to(tl.int32), axis=0) == D, 0, NONFINITE_FLAG)
     tl.store(O + b * stride_ob + h * stride_oh + col, out.to(O.dtype.element_ty))
     tl.store(LSE + b * H + h, lse)

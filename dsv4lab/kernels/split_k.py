@@ -9,8 +9,9 @@ bf16 on the GPU, fp32 in the interpreter; lse_i fp32); a second launch merges th
 
 Slices with no valid token have lse_i = -inf and weigh 0; a row with none at all gives o = 0,
 lse = -inf; the sink is applied once, after the merge. NSPLIT depends only on (B, H, K) and the
-SM count (planning.py), never on data, and the workspace is allocated once per shape, so both
-launches capture in a CUDA graph. ``splitk_auto`` picks tiles and NSPLIT (1 = the stage-2 launch
+SM count (planning.py), never on data, and the workspace is kept per shape for each caller (per
+thread and stream) and allocated afresh in a CUDA-graph capture (dsv4lab.concurrency), so both
+launches capture in a CUDA graph and concurrent callers never read each other's partials. ``splitk_auto`` picks tiles and NSPLIT (1 = the stage-2 launch
 alone) with the launch-time model in planning.plans; it is the stage the story shipped, and what
 ``auto`` runs wherever the Hopper kernel does not (kernels/auto.py).
 """
@@ -38,13 +39,15 @@ def merge_partials(O_PART, LSE_PART, SINK, O, LSE, ERR, b, heads, hmask, H, nspl
         lse = log(sum_i exp(lse_i)),   o = sum_i exp(lse_i - lse) * o_i
 
     Splits with lse_i = -inf (no valid token) weigh 0; a row with none at all gives o = 0,
-    lse = -inf; the sink is applied once, here. All NSPLIT partials of a column chunk are
-    loaded in one [heads, splits, DCHUNK] tensor so the loads overlap. Loads bypass L1 (.cg).
-    A non-finite sink or output sets its bit in the error word ERR (dsv4lab.errors)."""
+    lse = -inf; the sink is applied once, here. A row with a NaN partial lse (a slice that could not
+    be computed) or a non-finite output is NaN in lse too, never "no token". All NSPLIT partials of a
+    column chunk are loaded in one [heads, splits, DCHUNK] tensor so the loads overlap. Loads bypass
+    L1 (.cg). A non-finite sink or output sets its bit in the error word ERR (dsv4lab.errors)."""
     s = tl.arange(0, SPLIT_P2)
     smask = s < nsplit
     lse_i = tl.load(LSE_PART + (b * H + heads)[:, None] * nsplit + s[None, :],
                     mask=hmask[:, None] & smask[None, :], other=float("-inf"), cache_modifier=".cg")
+    bad = tl.max((lse_i != lse_i).to(tl.int32), axis=1) > 0         # a NaN partial: the row cannot be computed
     m = tl.max(lse_i, axis=1)
     has = m > float("-inf")
     w = tl.where(lse_i > float("-inf"), tl.exp(lse_i - tl.where(has, m, 0.0)[:, None]), 0.0)
@@ -65,12 +68,13 @@ def merge_partials(O_PART, LSE_PART, SINK, O, LSE, ERR, b, heads, hmask, H, nspl
         o_i = tl.load(O_PART + b * stride_pb + heads[:, None, None] * stride_ph + s[None, :, None] * stride_ps
                       + col[None, None, :], mask=hmask[:, None, None] & smask[None, :, None] & cmask[None, None, :],
                       other=0.0, cache_modifier=".cg")
-        out = tl.sum(w[:, :, None] * o_i, axis=1)
+        out = tl.where(bad[:, None], float("nan"), tl.sum(w[:, :, None] * o_i, axis=1))
         finite = (tl.abs(out) < float("inf")) | ~(hmask[:, None] & cmask[None, :])
-        flags |= tl.where(tl.min(finite.to(tl.int32), axis=None) == 1, 0, NONFINITE_FLAG)
+        bad |= tl.min(finite.to(tl.int32), axis=1) == 0
         tl.store(O + b * stride_ob + heads[:, None] * stride_oh + col[None, :], out.to(O.dtype.element_ty),
                  mask=hmask[:, None] & cmask[None, :])
-    tl.store(LSE + b * H + heads, lse, mask=hmask)
+    flags |= tl.where(tl.max(bad.to(tl.int32), axis=0) > 0, NONFINITE_FLAG, 0)
+    tl.store(LSE + b * H + heads, tl.where(bad, float("nan"), lse), mask=hmask)
     tl.atomic_or(ERR, flags, mask=flags != 0)
 
 
@@ -134,11 +138,15 @@ def _combine_args(B, H, nsplit, D, partials: torch.dtype, has_sink, pdl, heads, 
 
 
 def workspace(B, H, nsplit, device, partials: str = "float32", *, poison: bool = False):
-    """Partials (o [B, H, NSPLIT, 512] in ``partials``, lse [B, H, NSPLIT] fp32), allocated once
-    per shape and reused (common.reused: a CUDA graph captures their addresses; two split-K calls
-    of one shape must not run concurrently on different streams)."""
-    return (common.reused("split_k.o", (B, H, nsplit, 512), getattr(torch, partials), device, poison=poison),
-            common.reused("split_k.lse", (B, H, nsplit), torch.float32, device, poison=poison))
+    """Partials (o [B, H, NSPLIT, 512] in ``partials``, lse [B, H, NSPLIT] fp32): the caller's own,
+    kept per shape and reused on its every call; fresh while a CUDA graph is captured
+    (common.workspaces)."""
+    ws = common.workspaces(("split_k", B, H, nsplit, partials, device), device, lambda: (
+        torch.empty((B, H, nsplit, 512), dtype=getattr(torch, partials), device=device),
+        torch.empty((B, H, nsplit), dtype=torch.float32, device=device)))
+    if poison:
+        common.poison_all(*ws)
+    return ws
 
 
 def partials_for(B, H, nsplit, device, partials: str):

@@ -63,7 +63,10 @@ The contract (``reference.topk_positions`` is the same in float64):
   chosen first: the lab's tests write NaN there);
 * output int32 [B, k], the chosen positions in **ascending position order**, then -1 for
   the rest of the row when fewer than k positions qualify (seq_len < k, seq_len 0, -inf);
-* ``seq_lens`` are clamped to [0, width], as the logits kernel clamps them.
+* ``seq_lens`` are clamped to [0, width], as the logits kernel clamps them;
+* in the indexer step (``pages``) a live logit that is NaN or +inf (pass 0's largest key, free) or
+  -inf where the row chose fewer than min(k, live) positions is flagged in the error word
+  (INDEXER_NONFINITE): such a row's positions are not an answer.
 
 Ascending positions, not descending logits: the sparse decode reads the chosen tokens as a set
 (one softmax over all of them), and in position order its gathers walk the paged cache forward.
@@ -81,7 +84,7 @@ from .. import errors
 from ..api import MAX_TOPK
 from ..device import info, is_interpret
 from . import common
-from .common import alloc, launch_kernel, live_length, next_power_of_2
+from .common import INDEXER_NONFINITE_FLAG, alloc, launch_kernel, live_length, next_power_of_2
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,8 @@ class TopkLaunch:
 TOPK = TopkLaunch()
 #: output positions one store of the -1 padding covers
 OUT_BLOCK = 1024
+#: +inf's key (order_keys): a key at or above it is a +inf or NaN logit
+INF_KEY = tl.constexpr(0xFF800000)
 
 
 @triton.jit
@@ -356,8 +361,15 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, MAXK, width, k, stride_x
         key0 = tl.where(offs < n, key0, 0)
         tl.atomic_or(ERR, flags, mask=(flags != 0) & (s == 0))
     SEL: tl.constexpr = 1 if STAGE == 3 else STAGE                    # stage 3's chunks store as stage 1's
-    p, kmax = _select(row, out, aux, n, key0, held0, k, start, words, tl.zeros([], tl.int32), tl.zeros([], tl.uint32),
-                      TILE, RADIX, OUT_BLOCK, ANCHOR, SEL, REBASE, SHARED_HIST, False)
+    p, kmax, k_all = _select(row, out, aux, n, key0, held0, k, start, words, tl.zeros([], tl.int32),
+                             tl.zeros([], tl.uint32), TILE, RADIX, OUT_BLOCK, ANCHOR, SEL, REBASE, SHARED_HIST, False)
+    if GUARD:
+        # a live logit NaN or +inf (ranked first: pass 0's largest key, ANCHOR > 0), or -inf where fewer
+        # than k were chosen (never chosen, as a dead position): a logit the indexer could not compute
+        bad = k_all < tl.minimum(k, n)
+        if ANCHOR > 0:
+            bad |= kmax >= INF_KEY
+        tl.atomic_or(ERR, INDEXER_NONFINITE_FLAG, mask=bad)
     if STAGE == 3:
         tl.store(MAXK + b * SPLIT + s, kmax.to(tl.int32, bitcast=True))
         # every thread's candidate stores before the ticket's release (barrier + acq_rel atomic);
@@ -384,7 +396,7 @@ def _select(row, out, aux, n, key0, held0, k, start, words, p, kmax, TILE: tl.co
     ``STAGE`` says (_store), then the -1 (and, stage 1, -inf) padding of the k output slots.
     Refining pass p counts (_count, _counted) by ballots, or (SHARED_HIST) in shared histogram p % 3
     at ``words``, from the ``p`` given. ``kmax`` (KMAX_GIVEN): the keys' largest, known already.
-    Returns the passes counted and the keys' largest (0 if ANCHOR is 0)."""
+    Returns the passes counted, the keys' largest (0 if ANCHOR is 0) and how many keys were chosen."""
     offs = tl.arange(0, TILE)
     NB: tl.constexpr = 1 << RADIX
     bins = tl.arange(0, NB)
@@ -463,7 +475,7 @@ def _select(row, out, aux, n, key0, held0, k, start, words, p, kmax, TILE: tl.co
         tl.store(out + c + o, tl.full([OUT_BLOCK], -1, tl.int32), mask=pad)
         if STAGE == 1:
             tl.store(aux + c + o, tl.full([OUT_BLOCK], float("-inf"), tl.float32), mask=pad)
-    return p, kmax
+    return p, kmax, k_all
 
 
 def split_for(B: int, width: int, k: int, sm_count: int, tile: int = 8192, most: int = 4) -> int:
@@ -542,15 +554,17 @@ def launches(B: int, width: int, stride_xb: int, k: int, launch: TopkLaunch, pag
         def run(logits, seq_lens, table, out):
             one(logits, seq_lens, out, out, table, err if guard else seq_lens, out, seq_lens, seq_lens)
         return run
-    # the chunks' candidates, kept per shape (common.reused); their rows are S*k wide (made contiguous
-    # by reused), the answer's k wide: strides from the shapes, not stride() calls on every call
-    pos = common.reused("topk.pos", (B, S * k), i32, device)
-    val = common.reused("topk.val", (B, S * k), f32, device)
-    if launch.merge == "fused":
-        # the rows' ticket counters: zero when made, and back to zero after every launch; each chunk's
-        # largest key (written before every read)
-        count = common.reused("topk.count", (B,), i32, device, poison=False, zeroed=True)
-        kmax = common.reused("topk.max", (B, S), i32, device)
+    # the chunks' candidates, the caller's own, kept per shape (common.workspaces); their rows are S*k
+    # wide, the answer's k wide: strides from the shapes, not stride() calls on every call. The fused
+    # merge's rows' ticket counters: zero when made, and back to zero after every launch (poisoned
+    # never); each chunk's largest key (written before every read)
+    fused_merge = launch.merge == "fused"
+    pos, val, count, kmax = common.workspaces(("topk", B, S, k, fused_merge, device), device, lambda: (
+        torch.empty((B, S * k), dtype=i32, device=device), torch.empty((B, S * k), dtype=f32, device=device),
+        common.counters(B, device) if fused_merge else None,
+        torch.empty((B, S), dtype=i32, device=device) if fused_merge else None))
+    common.poison_all(pos, val, kmax)
+    if fused_merge:
         fused = launcher((B, S), (width, k, stride_xb, S * k, k, num_pages, pt_stride), chunks,
                          (f32, i32, i32, f32) + (i32,) * 5)
 

@@ -115,7 +115,7 @@ def stubbed(direct: bool = True):
     KernelInterface.__getitem__ = _stub_getitem
     for f in PER_SHAPE:
         f.cache_clear()
-    prepared = getattr(dsv4lab.api, "_PREPARED", {})     # indexer_topk's prepared calls: planned here anew
+    prepared = dsv4lab.api.prepared_calls()              # indexer_topk's prepared calls: planned here anew
     prepared.clear()
     try:
         yield

@@ -148,7 +148,7 @@ def run_checks(smoke, B, L, live) -> list:
         call = lambda: dsv4lab.indexer_topk(*api.args(), max_seq_len=L, topk=K, impl="triton")  # noqa: E731
         call()
         next_step(api, 35, live)
-        return {**check_step(api, call()), "prepared_signatures": len(dsv4lab.api._PREPARED)}
+        return {**check_step(api, call()), "prepared_signatures": len(dsv4lab.api.prepared_calls())}
     rows.append(ab.attempt(dict(kind="check", case="the API's prepared call (a repeated signature) on the next "
                                                     "step's data"), prepared))
     return rows
