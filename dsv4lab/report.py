@@ -90,7 +90,7 @@ def indexer_step_targets(run: str = "h200") -> str:
     return "\n".join(lines)
 
 
-def replay_run_line(run: str = "h200") -> str:
+def replay_run_line(run: str = runs.REPLAY_RUN) -> str:
     """What the recorded replay ran: date, device, versions, the model's share and layer mix."""
     d = runs.replay(run)
     env, cfg = d["environment"], d["config"]
@@ -100,7 +100,7 @@ def replay_run_line(run: str = "h200") -> str:
             f"each step one CUDA graph per C, {d['elapsed_s']:.0f} s in all.")
 
 
-def replay_throughput_table(run: str = "h200") -> str:
+def replay_throughput_table(run: str = runs.REPLAY_RUN) -> str:
     """tok/s per stage at each C, the fit's marginal cost b and asymptote 1000 / b."""
     d = runs.replay(run)["tables"]
     import pandas as pd
@@ -150,7 +150,7 @@ def replay_devices_table(C=(1, 32, 64)) -> str:
     return "\n".join(lines)
 
 
-def replay_shift_table(run: str = "h200", before: str = "S0", after: str = "S1") -> str:
+def replay_shift_table(run: str = runs.REPLAY_RUN, before: str = "S0", after: str = "S1") -> str:
     """The story's table, measured: kernel time by category before and after the MMA kernel at C = 32,
     beside the story's published shares."""
     d = runs.replay(run)["tables"]
@@ -259,11 +259,11 @@ class _Replay:
         return None if not f else f[key]
 
 
-def story_vs_lab_table(run: str = "h200", kernel_run: str | None = None) -> "pd.DataFrame":
+def story_vs_lab_table(run: str = runs.REPLAY_RUN, kernel_run: str = runs.KERNEL_RUN) -> "pd.DataFrame":
     """Every figure the story published (data/campaign: story_profile, story_throughput, story_facts)
-    beside the lab's own figure on its recorded device: the campaign replay (``runs.replay(run)``), the
-    recorded decode, indexer and check runs (of ``kernel_run``, default ``run``: a replay recorded on
-    its own, e.g. data/runs/h100/reproduce, reads the kernels' runs of another folder). Columns: group, figure, story, lab, "lab: measured as",
+    beside the lab's own figure on its recorded devices: the campaign replay (``runs.replay(run)``) and
+    the recorded decode, indexer and check runs of ``kernel_run`` (each row names the device it was
+    measured on). Columns: group, figure, story, lab, "lab: measured as",
     "why they differ", "beyond the story" (the lab's Hopper kernel, impl "hopper", where it has a
     figure), and the change each side reports as one factor (story x, lab x: > 1 is faster) where the
     figure is a change. The story's numbers are never mixed into the lab's."""
@@ -322,18 +322,19 @@ def story_vs_lab_table(run: str = "h200", kernel_run: str | None = None) -> "pd.
     add(grp, "sparse-MLA decode kernel time, in the model", f"{d.before_ms:g} -> {d.after_ms:g} ms "
         f"({d.before_ms / d.after_ms:.1f}x)", _arrow(*dec, " ms per step") + f" ({_x(*dec):.0f}x)", how, why,
         _x(d.before_ms, d.after_ms), _x(*dec))
-    # the kernel alone, full 512-entry rows
-    kernel_run = kernel_run or run
+    # the kernel alone, full 512-entry rows, from the kernel runs (on their own device)
+    kdev = runs.load("decode", kernel_run)["device"]
+    here_k = f"one {kdev['name']} ({kdev['sm_count']} SMs)"
     dt = runs.table("decode", kernel_run)
     t = dt.pivot_table(index="B", columns="impl", values="graph_us")
     story_alone = i32.loc[("mma_story", "ratio 4")].us_per_call if ("mma_story", "ratio 4") in i32.index else None
     sg_alone = i32.loc[("sglang", "ratio 4")].us_per_call if ("sglang", "ratio 4") in i32.index else None
-    lab_alone = (f"SGLang's kernel {t.loc[B, 'sglang']:.0f} us per call; the lab's mma {t.loc[B, 'mma']:.1f} "
+    lab_alone = (f"{kdev['name'].removeprefix('NVIDIA ')}: SGLang's kernel {t.loc[B, 'sglang']:.0f} us per call; the lab's mma {t.loc[B, 'mma']:.1f} "
                  f"({t.loc[B, 'sglang'] / t.loc[B, 'mma']:.0f}x), splitk_auto {t.loc[B, 'splitk_auto']:.1f} "
                  f"({t.loc[B, 'sglang'] / t.loc[B, 'splitk_auto']:.0f}x)")
     if story_alone and sg_alone:
-        lab_alone += (f"; the story's kernel {story_alone:.0f} us vs SGLang's {sg_alone:.0f} in the replay's "
-                      f"ratio-4 call ({sg_alone / story_alone:.0f}x)")
+        lab_alone += (f"; {here}: the story's kernel {story_alone:.0f} us vs SGLang's {sg_alone:.0f} in the "
+                      f"replay's ratio-4 call ({sg_alone / story_alone:.0f}x)")
     beyond = "-"
     if hop is not None and B in hop.index:
         beyond = (f"hopper {hop.loc[B, 'hopper']:.1f} us at B = {B} vs splitk_auto {hop.loc[B, 'splitk_auto']:.1f} "
@@ -343,9 +344,9 @@ def story_vs_lab_table(run: str = "h200", kernel_run: str | None = None) -> "pd.
             beyond += f"; B = {big}: {hop.loc[big, 'hopper']:.1f} vs mma {hop.loc[big, 'mma']:.1f} us"
     add(grp, f"sparse-MLA decode, the kernel alone (B = {B}, {cfg['index_topk']} valid entries)",
         f"not published (in the model: {d.before_ms / d.after_ms:.1f}x)", lab_alone,
-        f"recorded decode run, one call per CUDA graph, B = {B}",
-        f"the story measured its kernels inside its server only; here every kernel on the same rows, "
-        f"{here}; the story's first MMA kernel (BLOCK_H {STORY_TILES.block_h}, no prefetch, no split) is not the "
+        f"recorded decode run, one call per CUDA graph, B = {B}, on {here_k}; the replay's calls on {here}",
+        f"the story measured its kernels inside its server only; here every kernel on the same rows; the story's "
+        f"first MMA kernel (BLOCK_H {STORY_TILES.block_h}, no prefetch, no split) is not the "
         f"lab's tuned one",
         None, _x(t.loc[B, "sglang"], t.loc[B, "splitk_auto"]), beyond)
     for cat, extra in ((profile.DECODE, ""), (profile.FP32_GEMM, "; both: its ms unchanged, its share grew with "
@@ -398,7 +399,7 @@ def story_vs_lab_table(run: str = "h200", kernel_run: str | None = None) -> "pd.
     tc = ch[ch.impl.isin(["mma", "splitk", "splitk_auto"])].vs_simt_err.dropna()
     add(grp, "MMA vs SIMT kernel, relative error", runs.story_fact("MMA vs SIMT kernel rel. error"),
         f"<= {tc.max():.1e} (mma, splitk, splitk_auto vs the lab's SIMT kernel, {tc.size} checks)",
-        "recorded checks: fresh random inputs, odd sizes, padding, sinks",
+        f"recorded checks on {here_k}: fresh random inputs, odd sizes, padding, sinks",
         "story: its MMA kernel against SGLang's on its GPU; here the lab's tensor-core kernels against its SIMT "
         "kernel (both also checked against a float64 reference)",
         beyond=_hopper_check())
@@ -420,7 +421,7 @@ def story_vs_lab_table(run: str = "h200", kernel_run: str | None = None) -> "pd.
         lab = (f"S0's glue = {f['glue_fixed_ms']:.1f} ms + {f['glue_per_ratio4_layer_ms']:.1f} ms per ratio-4 "
                f"layer (r2 {f['r2']:.3f}); ")
     if L in ix.index and live in ix.index:
-        lab += (f"the fallback alone at B = {B}: {ix.loc[L, 'torch_fp32'] / 1e3:.1f} ms at width {L} vs "
+        lab += (f"the fallback alone at B = {B} on {here_k}: {ix.loc[L, 'torch_fp32'] / 1e3:.1f} ms at width {L} vs "
                 f"{ix.loc[live, 'torch_fp32'] / 1e3:.2f} ms at {live}; the Triton indexer {ix.loc[L, 'triton']:.1f} us")
     add(grp, "root cause of the glue", runs.story_fact("root cause of glue"), lab,
         "the replay's S0 with 0..21 ratio-4 layers (C = 32); the recorded indexer run (graph replay)",
@@ -429,7 +430,7 @@ def story_vs_lab_table(run: str = "h200", kernel_run: str | None = None) -> "pd.
     capped, base = ("S1cap", "S1") if "S1cap" in rep["stages"] else ("S0cap", "S0")
     cap = [(C, _x(R.tok(capped, C), R.tok(base, C))) for C in (B, max(rep["concurrency"]))]
     story_cap = float(re.match(r"[\d.]+", runs.story_fact("cap context to 8192")).group(0))
-    where = ("here on S1, where the story capped (after its MMA kernel)" if base == "S1" else
+    where = ("here S1cap / S1: the story capped after its MMA kernel" if base == "S1" else
              "here on S0, SGLang's decode kernel still in: this run has no S1cap")
     add(grp, "cap the context to 8192", runs.story_fact("cap context to 8192"),
         ", ".join(f"{x:.1f}x at C = {C}" for C, x in cap if x), f"campaign replay {capped} / {base} (tok/s)",
@@ -509,7 +510,8 @@ def _hopper_check() -> str:
 STORY_VS_LAB_COLUMNS = ("figure", "story", "lab", "why they differ", "beyond the story")
 
 
-def story_vs_lab_markdown(run: str = "h200", columns=STORY_VS_LAB_COLUMNS, kernel_run: str | None = None) -> str:
+def story_vs_lab_markdown(run: str = runs.REPLAY_RUN, columns=STORY_VS_LAB_COLUMNS,
+                         kernel_run: str = runs.KERNEL_RUN) -> str:
     """:func:`story_vs_lab_table`'s ``columns`` as a markdown table (the README's block)."""
     df = story_vs_lab_table(run, kernel_run)
     cols = list(columns)

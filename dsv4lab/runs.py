@@ -182,7 +182,14 @@ def latest_experiment(question: str, prefix: str = "") -> str:
     return max(names, key=lambda n: (str(experiment(question, n).get("date", "")), n))
 
 
-def replay(run: str = "h200") -> dict:
+#: the recorded replay the README and notebooks 06-07 read: the newest, with every step of the current
+#: stage table (the H200's predates S1's walk of the whole padded row: it prints its own definitions)
+REPLAY_RUN = "h100"
+#: the recorded kernel runs (decode, checks, indexer: ``python -m dsv4lab record``)
+KERNEL_RUN = "h200"
+
+
+def replay(run: str = REPLAY_RUN) -> dict:
     """The recorded campaign replay (``python -m dsv4lab reproduce``: the synthetic decode step through
     every stage) of run ``run``, data/runs/<run>/reproduce/reproduce.json, as the JSON dict: the config,
     the assumptions, every stage's steps, fit and profiles, the isolated decode calls, S0's glue
@@ -196,12 +203,12 @@ def replay(run: str = "h200") -> dict:
 
 
 def replays() -> list[str]:
-    """Names of the runs with a recorded replay (data/runs/<run>/reproduce/reproduce.json), "h200" first."""
+    """Names of the runs with a recorded replay (data/runs/<run>/reproduce/reproduce.json), REPLAY_RUN first."""
     found = sorted(p.parent.parent.name for p in (data_dir() / "runs").glob("*/reproduce/reproduce.json"))
-    return sorted(found, key=lambda r: r != "h200")
+    return sorted(found, key=lambda r: r != REPLAY_RUN)
 
 
-def replay_table(name: str, run: str = "h200") -> pd.DataFrame:
+def replay_table(name: str, run: str = REPLAY_RUN) -> pd.DataFrame:
     """One of the replay's tables ("throughput", "fits", "profile", "glue_ops", "decode", "story", ...)
     as a DataFrame."""
     tables = replay(run).get("tables", {})
@@ -210,7 +217,7 @@ def replay_table(name: str, run: str = "h200") -> pd.DataFrame:
     return _frame(tables[name])
 
 
-def replay_glue(stage: str, run: str = "h200") -> dict:
+def replay_glue(stage: str, run: str = REPLAY_RUN) -> dict:
     """One stage's eager step in the replay, at the batch it profiled: ``ops``, its glue and FP32 GEMM
     kernel time charged to the aten op that launched each kernel (DataFrame op, us, share), every
     kernel's time by the profiler region that launched it (``region_us``: the model's parts, e.g.
@@ -253,7 +260,7 @@ def provenance(part: str = "device", run: str = "h200") -> str:
     return _provenance(load(part, run), f"data/runs/{run}/{part}.json")
 
 
-def replay_provenance(run: str = "h200") -> str:
+def replay_provenance(run: str = REPLAY_RUN) -> str:
     """:func:`provenance` for the recorded replay."""
     env = replay(run)["environment"]
     return _provenance(env, f"data/runs/{run}/reproduce/reproduce.json")

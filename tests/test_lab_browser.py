@@ -38,7 +38,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
                  "--disable-component-update", "--disable-sync"]
 # Notebooks to run in the browser (glob on notebooks/) and each one's time budget in seconds: opening,
 # running every cell, saving and turning every widget knob. CPU run times here: 00 ~5 s, 02 ~30 s, 03 ~15 s.
-NOTEBOOKS = {"00_*.ipynb": 300, "02_*.ipynb": 300, "03_*.ipynb": 300, "06_*.ipynb": 300}
+NOTEBOOKS = {"00_*.ipynb": 300, "02_*.ipynb": 300, "03_*.ipynb": 300, "06a_*.ipynb": 300, "07_*.ipynb": 300}
 SERVER_START_S = 120
 OPEN_S = 120  # for a notebook to open with its kernel started
 TURN_S = 120  # for a widget's output to change after one knob is turned

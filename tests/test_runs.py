@@ -218,13 +218,14 @@ def test_story_glue_ops():
 
 def test_every_recorded_replay_reads_and_names_its_device():
     """Each data/runs/<run>/reproduce/ holds a whole replay on the device its folder names: every
-    stage it ran at every C it lists, each step finite, nothing skipped, not the CPU preset."""
+    stage it ran at every C it lists, each step finite, no stage skipped (a record that ran short of
+    time may lack its torch.compile lessons, and says so), not the CPU preset."""
     names = runs.replays()
-    assert names[0] == "h200" and "h100" in names
+    assert names[0] == runs.REPLAY_RUN and {"h100", "h200"} <= set(names)
     for run in names:
         d = runs.replay(run)
         assert run.upper() in d["environment"]["device"]["name"].replace(" ", "").upper()
-        assert not d["quick"] and not d["skipped"], run
+        assert not d["quick"] and all(s["part"].startswith("compile lesson") for s in d["skipped"]), run
         tp = pd.DataFrame(d["tables"]["throughput"])
         stages = {s["name"] for s in d["stages_run"]}
         assert stages >= {"S0", "S1", "S2", "S3", "S4"} and set(tp.stage) == stages, run
