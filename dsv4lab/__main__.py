@@ -6,6 +6,7 @@ import json
 import sys
 
 import dsv4lab  # noqa: F401  (sets the mode before triton is imported; a bad DSV4LAB_MODE exits 2 there)
+from dsv4lab.config import PAGE_SIZE
 from dsv4lab.device import ModeError
 
 
@@ -51,8 +52,10 @@ def _bench_decode(args):
         raise SystemExit("bench needs a CUDA GPU (this process runs Triton's interpreter); "
                          "the recorded H200 runs are in data/runs/, e.g. data/runs/h200/decode.json")
     import pandas as pd
-    rows = bench.decode_table(args.impl, args.batch, H=args.heads, K=args.topk, context=args.context,
-                              page_size=args.page_size, baseline=args.impl[0], graph=not args.no_graph,
+    from .registry import registered
+    impls = args.impl or [i.name for i in registered(tag="recorded")]
+    rows = bench.decode_table(impls, args.batch, H=args.heads, K=args.topk, context=args.context,
+                              page_size=args.page_size, baseline=impls[0], graph=not args.no_graph,
                               layers=bench.LAYERS if args.layers is None else args.layers)
     df = pd.DataFrame(rows)
     cols = [c for c in ["impl", "B", "eager_us", "back_to_back_us", "graph_us", "graph_layer_us", "speedup_vs_baseline",
@@ -78,13 +81,14 @@ def main(argv=None):
     pb = sub.add_parser("bench", help="time kernels (GPU)")
     bsub = pb.add_subparsers(dest="what", required=True)
     pd_ = bsub.add_parser("decode", help="sparse decode: time vs B, bytes, FLOP/s")
-    pd_.add_argument("--impl", nargs="+", default=["simt", "sglang", "mma", "splitk", "splitk_auto", "auto"], type=_impl,
-                     help="first one is the baseline for speedups")
+    pd_.add_argument("--impl", nargs="+", type=_impl,
+                     help="first one is the baseline for speedups (default: the recorded impls, the campaign's "
+                          "baseline first)")
     pd_.add_argument("--batch", nargs="+", type=_count(1), default=[1, 4, 16, 32, 64, 128])
     pd_.add_argument("--heads", type=_count(1), default=64)
     pd_.add_argument("--topk", type=_count(1), default=512)
     pd_.add_argument("--context", type=_count(1), default=8192)
-    pd_.add_argument("--page-size", type=_count(1), default=64)
+    pd_.add_argument("--page-size", type=_count(1), default=PAGE_SIZE)
     pd_.add_argument("--no-graph", action="store_true", help="eager launches only")
     pd_.add_argument("--layers", type=_count(0), default=None,
                      help="also time each call inside one graph of this many calls on copies of the inputs, "

@@ -12,12 +12,15 @@ import platform
 import statistics
 import time
 
+import pandas as pd
 import torch
 import triton
 import triton.language as tl
 
 from . import api, roofline
+from .config import PAGE_SIZE
 from .device import ceilings, info, mode
+from .registry import impl_info, registered
 
 
 def capture(fn):
@@ -144,30 +147,6 @@ def launch_floor_us(programs: int | None = None, *, in_graph: bool = False) -> d
                    f"lowest of 3 interleaved passes"}
 
 
-def heads_per_read(impl: str, H: int, B: int = 1, K: int = 512) -> int:
-    """How many heads share one gather of a KV tile: 1 for the SIMT grids, BLOCK_H of the tiles
-    the impl launches with for this shape."""
-    if impl in ("simt", "sglang"):
-        return 1
-    if impl == "auto":
-        from .kernels import auto
-        impl = auto.chosen(B, H, K)
-    if impl == "hopper":
-        from .kernels import hopper
-        return min(H, hopper.BLOCK_H)
-    return min(H, impl_launch(impl, B, H, K).tiles.block_h)
-
-
-def impl_launch(impl: str, B: int, H: int, K: int):
-    """The planning.Launch a tensor-core impl takes for this shape."""
-    from .kernels import head_batched, split_k
-    from .planning import STORY_TILES, Launch
-    return {"mma_story": lambda: Launch(STORY_TILES), "mma_story_stop": lambda: Launch(STORY_TILES),
-            "mma": lambda: head_batched.mma_launch(B, H, K),
-            "splitk": lambda: split_k.splitk_launch(B, H, K),
-            "splitk_auto": lambda: split_k.auto_launch(B, H, K)}[impl]()
-
-
 def decode_row(impl, inp, *, graph=True, eager=True, baseline_us=None, layer_inputs=None,
                baseline_layer_us=None, **kw) -> dict:
     """Time one impl on one input set and derive bytes, FLOP/s and shares of the ceilings.
@@ -200,7 +179,7 @@ def decode_row(impl, inp, *, graph=True, eager=True, baseline_us=None, layer_inp
             if baseline_layer_us:
                 row["speedup_vs_baseline_layer"] = baseline_layer_us / row["graph_layer_us"]
     us = row.get("graph_us", row.get("eager_us"))
-    served = roofline.decode_served_bytes(B, H, K, heads_per_read(impl, H, B, K))
+    served = roofline.decode_served_bytes(B, H, K, impl_info("sparse_decode", impl).heads_per_read(B, H, K))
     floor = roofline.decode_floor_bytes(B, H, K)
     flops = roofline.decode_flops(B, H, K)
     c = ceilings()
@@ -221,7 +200,7 @@ def indexer_row(impl, inp, *, graph=True, eager=True) -> dict:
     function (no API checks, so no host sync; ``eager_us`` and ``back_to_back_us`` as in
     decode_row), with the bytes the live context needs (keys once, q, weights) and writes (the [B, max_seq_len] fp32 logits), and the floor they imply."""
     from .cache import INDEX_TOKEN_BYTES
-    fn = api.impl_info("indexer_logits", impl).fn
+    fn = impl_info("indexer_logits", impl).fn
     B, H, _ = inp.q.shape
     L = inp.max_seq_len
     read = int(inp.seq_lens.sum()) * INDEX_TOKEN_BYTES + inp.q.numel() * inp.q.element_size() + B * H * 4
@@ -249,23 +228,25 @@ def _add_back_to_back(row: dict, fn):
 def indexer_topk_row(inp, topk=512) -> dict:
     """Time the top-k that follows the logits (torch.topk over the max-wide rows of the Triton
     indexer's logits; graph replay): the same columns as indexer_row."""
-    from .kernels.indexer_gemm import topk_from_logits
+    from .kernels.indexer.fallback import topk_from_logits
+    from .stages import stage
     B, H, _ = inp.q.shape
     L = inp.max_seq_len
-    logits = api.impl_info("indexer_logits", "triton").fn(*inp.args(), max_seq_len=L)
+    logits = impl_info("indexer_logits", stage("S4").indexer_impl).fn(*inp.args(), max_seq_len=L)
     return dict(impl="topk (torch.topk on the logits)", B=B, H=H, live=int(inp.seq_lens.max()), max_seq_len=L,
                 graph_us=time_ms(lambda: topk_from_logits(logits, topk), graph=True) * 1e3)
 
 
-def decode_table(impls, batches, *, H=64, K=512, context=8192, page_size=64, baseline=None,
+def decode_table(impls, batches, *, H=64, K=512, context=8192, page_size=PAGE_SIZE, baseline=None,
                  graph=True, log=None, layers=0) -> list[dict]:
     """Time ``impls`` at each batch size on the campaign's inputs (request b owns ``context``
     tokens of one paged cache, seed = B); one row per (impl, B), errors recorded, not raised.
-    ``baseline`` (an impl in ``impls``, timed before the others) sets speedup_vs_baseline;
-    ``splitk_auto`` rows also carry the plan it picked, ``auto`` rows the impl it ran. ``layers`` > 1: also the time per call inside
+    ``baseline`` (an impl in ``impls``, timed first) sets speedup_vs_baseline; rows of impls with a
+    launch description (Impl.launch) carry the launch they took, a dispatcher's rows the impl it ran. ``layers`` > 1: also the time per call inside
     a graph of that many calls on copies of the inputs (decode_row). `record`, the CLI and the
     notebooks share this."""
     from .testing import make_decode_inputs
+    impls = sorted(impls, key=lambda i: i != baseline)              # the baseline first: the others divide by it
     rows = []
     for B in batches:
         inp = make_decode_inputs(B, H, K, context=context, page_size=page_size, seed=B)
@@ -280,11 +261,11 @@ def decode_table(impls, batches, *, H=64, K=512, context=8192, page_size=64, bas
             if impl == baseline:
                 base = row.get("graph_us", row.get("eager_us"))
                 base_layer = row.get("graph_layer_us")
-            if impl in ("mma_story", "mma", "splitk", "splitk_auto"):
-                row["launch"] = impl_launch(impl, B, H, K).as_dict()
-            elif impl == "auto":
-                from .kernels import auto
-                row["ran"] = auto.chosen(B, H, K)
+            info_ = impl_info("sparse_decode", impl)
+            if info_.launch is not None:
+                row["launch"] = info_.launch(B, H, K).as_dict()
+            elif info_.dispatch is not None:
+                row["ran"] = info_.runs(B, H, K).name
             rows.append(row)
             if log:
                 log(row)
@@ -293,19 +274,90 @@ def decode_table(impls, batches, *, H=64, K=512, context=8192, page_size=64, bas
     return rows
 
 
+#: the indexer's max contexts the recorded run times (the story's setting: 32 requests with 8192 live
+#: tokens each, a max context of 262208)
+INDEXER_MAX_LENS = [8192, 32768, 131072, 262208]
+
+
+def measure_decode(impls, batches, shapes=None, layers=None) -> pd.DataFrame:
+    """Time ``impls`` at each batch size live (GPU only), with the recorded table's columns.
+
+    Same inputs as the recorded run: ``shapes.context`` tokens per request, pages of 64, and
+    the time per call in a graph of ``layers`` calls (default LAYERS; 0: skip it).
+    The first impl in ``impls`` is the baseline for ``speedup_vs_baseline``.
+    """
+    from .config import shapes as _shapes
+    s = shapes or _shapes()
+    rows = decode_table(impls, batches, H=s.heads, K=s.topk, context=s.context, page_size=s.page_size,
+                              baseline=impls[0], layers=LAYERS if layers is None else layers)
+    return pd.DataFrame(rows)
+
+
+def measure_indexer(impls, B=32, max_lens=None, live=8192, H=64, topk=512) -> pd.DataFrame:
+    """Time indexer ``impls`` live (GPU only) with the recorded table's columns (kind="time"):
+    ``live`` tokens per request at each max context (default: the recorded run's), and
+    torch.topk on the Triton logits."""
+    from .testing import make_indexer_inputs
+    rows = []
+    for L in max_lens or INDEXER_MAX_LENS:
+        inp = make_indexer_inputs(B, H, L, seq_lens=live, seed=13)
+        rows += [dict(kind="time", **indexer_row(i, inp)) for i in impls]
+        rows.append(dict(kind="time", **indexer_topk_row(inp, topk)))
+    return pd.DataFrame(rows)
+
+
+def measure_indexer_step(max_lens=(8192, 65536, 262208, 1048576), lives=(1024, 8192, 65536), B=32, live=8192,
+                         live_max=1048576, H=64, topk=512, torch_impls=None, torch_max=262208) -> pd.DataFrame:
+    """Time the indexer step (logits + top-k, the registered functions a captured graph runs) live
+    (GPU only), with the columns of experiments/indexer_topk's rows: kind="step_vs_max" (``live``
+    tokens a request at each max context; ``torch_impls`` only up to ``torch_max``) and
+    kind="step_vs_live" (the Triton step, S4's, at each live length, max context ``live_max``, with its logits
+    and its top-k timed alone); graph replay, and the floor of the bytes at this device's copy ceiling."""
+    from .kernels.indexer.triton_indexer import logits_triton
+    from .kernels.indexer.topk import topk_triton
+    from .roofline import indexer_bytes, indexer_step_bytes
+    from .stages import stage
+    from .testing import make_indexer_inputs
+    triton_impl, torch_impls = stage("S4").indexer_impl, torch_impls or (stage("S3").indexer_impl,)
+    copy = ceilings().copy_tb_s * 1e12
+    rows = []
+
+    def us(fn):
+        return time_ms(fn, graph=True) * 1e3
+
+    def step_row(kind, impl, n, L):
+        inp = make_indexer_inputs(B, H, L, seq_lens=n, seed=13)
+        fn = impl_info("indexer_topk", impl).fn
+        row = dict(kind=kind, impl=impl, B=B, live=n, max_seq_len=L,
+                   graph_us=us(lambda: fn(*inp.args(), max_seq_len=L, topk=topk)),
+                   floor_us=indexer_step_bytes(B, n, H, k=topk) / copy * 1e6)
+        if kind == "step_vs_live":
+            x = logits_triton(*inp.args(), L, fill_dead=False)
+            row.update(logits_us=us(lambda: logits_triton(*inp.args(), L, fill_dead=False)),
+                       topk_us=us(lambda: topk_triton(x, inp.seq_lens, topk)))
+            row["logits_share_of_copy"] = indexer_bytes(B, n, H) / (row["logits_us"] * 1e-6) / copy
+        rows.append(row)
+    for L in max_lens:
+        for impl in (triton_impl,) + tuple(torch_impls if L <= torch_max else ()):
+            step_row("step_vs_max", impl, live, L)
+    for n in lives:
+        step_row("step_vs_live", triton_impl, n, live_max)
+    return pd.DataFrame(rows)
+
+
 def environment() -> dict:
     """Device, versions and date: stamped into every recorded run, with the tile table and the
-    launch options each tensor-core impl takes at the campaign's B = 1 and 32 (none in compile
-    mode: no device, so no SM count to plan with)."""
-    from . import planning
+    launch options each recorded impl with a launch description takes at the campaign's B = 1 and 32
+    (none in compile mode: no device, so no SM count to plan with)."""
+    from .kernels.decode import planning
     d = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
          "device": info().as_dict(), "python": platform.python_version(),
          "torch": torch.__version__, "triton": triton.__version__,
-         "tile_table": {f"{k[0]}/{k[1]}": vars(v) for k, v in planning.TILE_TABLE.items()},
-         "launches": {f"{impl} B={B}": impl_launch(impl, B, 64, 512).as_dict()
-                      for impl in ("mma_story", "mma", "splitk", "splitk_auto") for B in (1, 32)} if mode() != "compile" else None}
+         "tile_table": planning.table_dict(),
+         "launches": {f"{i.name} B={B}": i.launch(B, 64, 512).as_dict() for i in registered(tag="recorded")
+                      if i.launch is not None for B in (1, 32)} if mode() != "compile" else None}
     try:
-        from .kernels import sglang_peer
+        from .kernels.decode import sglang_peer
         sglang_peer.sglang_file()
         d["sglang"] = sglang_peer.SGLANG_VERSION
     except ImportError:

@@ -26,22 +26,12 @@ from dataclasses import dataclass
 
 import torch
 
-NOPE_DIM, ROPE_DIM, HEAD_DIM = 448, 64, 512
-QUANT_TILE = 64
-NUM_SCALES = NOPE_DIM // QUANT_TILE          # 7
-DATA_BYTES = NOPE_DIM + 2 * ROPE_DIM         # 576
-SCALE_BYTES = NUM_SCALES + 1                 # 8
-TOKEN_BYTES = DATA_BYTES + SCALE_BYTES       # 584
-PAGE_ALIGN = 576                             # the reader's TMA row stride
-FP8_MAX = 448.0
-#: the largest UE8M0 scale byte pack_kv writes: 127 + 7, scale 2^7 (every kernel's dequant reads it
-#: exactly, the GPU's integer "bits" dequant included), so |kv| <= 448 x 2^7 on the nope values
-MAX_PACKED_SCALE_BYTE = 134
+from .config import (DATA_BYTES, FP8_MAX, HEAD_DIM, INDEX_DIM, INDEX_TOKEN_BYTES,  # noqa: F401  (re-exported)
+                     MAX_PACKED_SCALE_BYTE, NOPE_DIM, NUM_SCALES, PAGE_ALIGN, PAGE_SIZE, QUANT_TILE, ROPE_DIM,
+                     SCALE_BYTES, TOKEN_BYTES)
+
 MAX_NOPE_ABS = FP8_MAX * 2.0 ** (MAX_PACKED_SCALE_BYTE - 127)      # 57344
 BF16_MAX = torch.finfo(torch.bfloat16).max
-INDEX_DIM = 128
-INDEX_PAGE = 64
-INDEX_TOKEN_BYTES = INDEX_DIM + 4            # 132
 
 
 def page_bytes(page_size: int) -> int:
@@ -254,7 +244,7 @@ def quantize_nope(nope: torch.Tensor):
     return q.reshape(-1, NOPE_DIM), (exp + 127).to(torch.uint8)
 
 
-def pack_kv(kv: torch.Tensor, page_size: int = 64) -> KVCache:
+def pack_kv(kv: torch.Tensor, page_size: int = PAGE_SIZE) -> KVCache:
     """Quantize ``kv`` [N, 512] (row t = token t) into SGLang's DSv4 paged layout."""
     _check_tokens("kv", kv, HEAD_DIM)
     page_size = _check_page_size(page_size)
@@ -317,15 +307,15 @@ class IndexKCache:
     built (sizes agree with the bytes that exist) and frozen."""
     kv: torch.Tensor
     num_tokens: int
-    page_size: int = INDEX_PAGE
+    page_size: int = PAGE_SIZE
 
     def __post_init__(self):
         kv = self.kv
         if not isinstance(kv, torch.Tensor):
             raise TypeError(f"IndexKCache.kv must be a torch.Tensor, got {type(kv).__name__}")
         ps = int_arg("IndexKCache.page_size", self.page_size, 1)
-        if ps != INDEX_PAGE:
-            raise ValueError(f"IndexKCache.page_size must be {INDEX_PAGE} (DeepGEMM's layout), got {ps}")
+        if ps != PAGE_SIZE:
+            raise ValueError(f"IndexKCache.page_size must be {PAGE_SIZE} (DeepGEMM's layout), got {ps}")
         object.__setattr__(self, "page_size", ps)
         if kv.dtype != torch.uint8 or kv.dim() != 4 or tuple(kv.shape[1:]) != (ps, 1, INDEX_TOKEN_BYTES) \
                 or kv.shape[0] < 1:
@@ -362,12 +352,12 @@ class IndexKCache:
         return f"IndexKCache(tokens={self.num_tokens}, pages={self.num_pages}, device={self.device})"
 
 
-def pack_index_k(k: torch.Tensor, page_size: int = INDEX_PAGE) -> IndexKCache:
+def pack_index_k(k: torch.Tensor, page_size: int = PAGE_SIZE) -> IndexKCache:
     """Quantize ``k`` [N, 128] to fp8 e4m3 with one fp32 scale per token (amax / 448)."""
     _check_tokens("k", k, INDEX_DIM)
     page_size = _check_page_size(page_size)
-    if page_size != INDEX_PAGE:
-        raise ValueError(f"page_size must be {INDEX_PAGE} for the indexer cache (DeepGEMM layout), "
+    if page_size != PAGE_SIZE:
+        raise ValueError(f"page_size must be {PAGE_SIZE} for the indexer cache (DeepGEMM layout), "
                          f"got {page_size}")
     n = k.shape[0]
     num_pages = -(-n // page_size)

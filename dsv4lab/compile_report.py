@@ -97,7 +97,7 @@ def launch_report(opts, *, story: bool = False, arch=90, maxnreg=None) -> dict:
     """The compiler's report for one launch of the tuned head-batched kernel with ``opts``
     (planning.Launch; a split launch writes ``opts.partials`` partials), or of the story's
     stage-2 kernel with ``opts.tiles`` (``story=True``)."""
-    from .kernels.head_batched import LOOP_CODE, _head_batched_kernel, _story_kernel
+    from .kernels.decode.head_batched import LOOP_CODE, _head_batched_kernel, _story_kernel
     t = opts.tiles
     c = dict(PAGE_SIZE=64, PAGE_BYTES=37440, HAS_TOPK_LEN=False, HAS_SINK=False,
              BLOCK_H=t.block_h, BLOCK_N=t.block_n, D=512, NOPE=448, DOT=triton.language.bfloat16)
@@ -156,7 +156,7 @@ def planned_for(target):
     from triton.runtime.autotuner import Autotuner
     from triton.runtime.jit import JITFunction
     from . import device
-    from .kernels.common import triton_launches
+    from .kernels.launch import triton_launches
     if device.mode() != "compile":
         raise RuntimeError(f"planned_for needs DSV4LAB_MODE=compile (nothing runs), this process is in {device.mode()} mode")
     launches: list[Captured] = []
@@ -250,9 +250,82 @@ def captured_report(c: Captured, target) -> dict:
     row["fits"] = row["ptxas_ok"] and row["shared_bytes"] <= target.smem_per_block
     return row
 
+# ---- thunks that call the public entries at the campaign's shapes, for planned_launches -------------
+
+def decode_call(impl: str, B: int, K: int):
+    """A sparse_decode call of ``impl``: B requests of 64 heads attending to K tokens (topk_len and a sink)."""
+    from .api import sparse_decode
+    from .testing import make_decode_inputs
+    inp = make_decode_inputs(B, 64, K, context=K, topk_len=True, sink=True, seed=0, device="cpu")
+    return lambda: sparse_decode(inp.q, inp.cache, inp.indices, impl=impl, **inp.kwargs())
+
+
+def indexer_call(B: int, impl: str | None = None):
+    """An indexer_topk call (default: S4's indexer): B requests of 8192 live tokens, max context 65536."""
+    from .api import indexer_topk
+    from .config import DSV4_FLASH
+    from .stages import stage
+    from .testing import make_indexer_inputs
+    inp = make_indexer_inputs(B, DSV4_FLASH.index_heads, 65536, seq_lens=8192, seed=0, device="cpu")
+    return lambda: indexer_topk(*inp.args(), max_seq_len=inp.max_seq_len, topk=512,
+                                impl=impl or stage("S4").indexer_impl)
+
+
+def topk_call(B: int, width: int):
+    """The top-k alone over B rows of ``width`` logits, 8192 live."""
+    from .kernels.indexer.topk import topk_triton
+    return lambda: topk_triton(torch.zeros(B, width), torch.full((B,), 8192, dtype=torch.int32), 512)
+
+
+def step_kernel_calls() -> dict:
+    """The decode step's own kernels (kernels/step) at the model's shapes."""
+    from .config import DSV4_FLASH as F
+    from .kernels.step.mhc import mhc_sinkhorn
+    from .kernels.step.moe import moe_grouped_gemm
+    n = F.hc_mult
+    return {"moe grouped GEMM": lambda: moe_grouped_gemm(torch.zeros(2, 16, F.hidden, dtype=torch.bfloat16),
+                                                         torch.zeros(2, F.hidden, 2 * F.moe_intermediate,
+                                                                     dtype=torch.bfloat16)),
+            "mHC sinkhorn": lambda: mhc_sinkhorn(torch.zeros(32, (2 + n) * n), torch.ones(3), torch.zeros((2 + n) * n),
+                                                 n, F.hc_sinkhorn_iters, 1e-6)}
+
+
+def launch_key(c: Captured) -> str:
+    """What a compile depends on: the kernel and its specialized signature (:func:`signature`)."""
+    sig, consts, attrs, options = signature(c)
+    return repr((c.name, sig, sorted(consts.items()), sorted(attrs.items()), sorted(options.items())))
+
+
+def planned_launches(target_name: str, calls: dict) -> list[dict]:
+    """The package as it would run on TARGETS[target_name]: each call of ``calls`` ({label: a thunk that
+    calls a public entry}) made inside :func:`planned_for` (its launches recorded, not run; a call the
+    package refuses there is a row with its error), then each distinct launch compiled for the target
+    (:func:`captured_report`). Rows: kind "call" (its launches) and kind "launch" (the calls that made it).
+    Compile mode; plan for one target per process (plans are cached per shape)."""
+    target = target_info(target_name)
+    unique, rows = {}, []
+    for label, thunk in calls.items():
+        row = {"kind": "call", "target": target_name, "call": label}
+        with planned_for(target) as launches:
+            try:
+                thunk()
+            except Exception as e:  # noqa: BLE001  (a call the package refuses here is a row, e.g. no sglang wheel)
+                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        row["launches"] = [c.name for c in launches]
+        rows.append(row)
+        for c in launches:
+            unique.setdefault(launch_key(c), (c, []))[1].append(label)
+    for c, labels in unique.values():
+        r = {"kind": "launch", "target": target_name, "calls": labels, **captured_report(c, target)}
+        print({k: r.get(k) for k in ("target", "kernel", "registers", "spill_stores", "shared_bytes", "smem_limit",
+                                     "fits", "mma", "error")}, file=sys.stderr, flush=True)
+        rows.append(r)
+    return rows
+
+
 if __name__ == "__main__":
     import dsv4lab  # noqa: F401
-    from .planning import STORY_TILES, Launch, TileConfig
+    from .kernels.decode.planning import STORY_TILES, Launch, TileConfig
     # BLOCK_H BLOCK_N warps stages [nsplit], and the words: a loop name (plain, registers, l2_hint),
     # "bits" (the integer dequant), "fold" (the folded softmax scale), "story" (the story's kernel)
     words = {a for a in sys.argv[1:] if not a.isdigit()}

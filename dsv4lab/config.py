@@ -1,13 +1,33 @@
-"""DeepSeek-V4-Flash decode shapes, as one frozen object the notebooks read.
+"""DeepSeek-V4-Flash's shapes and the cache layouts' constants: the lab's one source of them.
 
 Numbers from the model config (SGLang's ``configs/deepseek_v4.py``; docs/dsv4.md collects them
-with the byte layouts). A notebook asks :func:`shapes` once and never
-hard-codes a size: on a GPU it gets the real model, under the Triton
-interpreter a small preset with the same structure so cells run in seconds.
+with the byte layouts). The layout constants below are what every byte layout, kernel and check
+derives from (dsv4lab.cache re-exports them beside the layouts); :class:`DSV4Shapes` holds the
+model's sizes as one frozen object. A notebook asks :func:`shapes` once and never hard-codes a
+size: on a GPU it gets the real model, under the Triton interpreter a small preset with the same
+structure so cells run in seconds. One GPU's share of the model (tensor and expert parallel) is
+dsv4lab.model.ModelConfig, whose defaults come from here.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+
+# ---- the cache layouts (SGLang 0.5.23's KVLayout.V4 and DeepGEMM's indexer layout) ----------------
+NOPE_DIM, ROPE_DIM, HEAD_DIM = 448, 64, 512  # the latent: fp8 "nope" values, then bf16 rope values
+QUANT_TILE = 64                              # nope values sharing one UE8M0 scale
+NUM_SCALES = NOPE_DIM // QUANT_TILE          # 7
+DATA_BYTES = NOPE_DIM + 2 * ROPE_DIM         # 576
+SCALE_BYTES = NUM_SCALES + 1                 # 8
+TOKEN_BYTES = DATA_BYTES + SCALE_BYTES       # 584
+PAGE_ALIGN = DATA_BYTES                      # a page is padded to a multiple of 576 (the reader's TMA row stride)
+FP8_MAX = 448.0                              # e4m3's largest finite value
+#: the largest UE8M0 scale byte the packers write: 127 + 7, scale 2^7 (every kernel's dequant reads it
+#: exactly, the GPU's integer "bits" dequant included), so |kv| <= 448 x 2^7 on the nope values
+MAX_PACKED_SCALE_BYTE = 134
+INDEX_DIM = 128                              # the indexer's key width (fp8)
+INDEX_TOKEN_BYTES = INDEX_DIM + 4            # 132: 128 fp8 values + one fp32 scale
+PAGE_SIZE = 64                               # tokens a page of the compressed (c4/c128) and indexer caches
+WINDOW_PAGE_SIZE = 256                       # tokens a page of the sliding-window cache
 
 
 @dataclass(frozen=True)
@@ -15,17 +35,17 @@ class DSV4Shapes:
     name: str = "DeepSeek-V4-Flash"
     # attention (MQA over a 512-wide latent; K = V, output includes rope)
     heads: int = 64
-    head_dim: int = 512
-    nope_dim: int = 448
-    rope_dim: int = 64
-    quant_tile: int = 64          # nope values sharing one UE8M0 scale
+    head_dim: int = HEAD_DIM
+    nope_dim: int = NOPE_DIM
+    rope_dim: int = ROPE_DIM
+    quant_tile: int = QUANT_TILE  # nope values sharing one UE8M0 scale
     topk: int = 512               # tokens each query attends to
     # lightning indexer
     index_heads: int = 64
-    index_dim: int = 128
+    index_dim: int = INDEX_DIM
     # paged caches
-    page_size: int = 64           # compressed (c4/c128) cache and indexer cache
-    window_page_size: int = 256   # sliding-window cache
+    page_size: int = PAGE_SIZE    # compressed (c4/c128) cache and indexer cache
+    window_page_size: int = WINDOW_PAGE_SIZE   # sliding-window cache
     sliding_window: int = 128
     max_context: int = 1_048_576
     # serving point of the campaign

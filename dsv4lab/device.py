@@ -26,7 +26,7 @@ INTERPRETER_TRAPS = {
                 "launches kernel.fn with one explicit config when interpreting",
     "do_bench": "triton.testing.do_bench needs a GPU; timings are only taken in cuda mode",
     "fp32->bf16 cast": "the interpreter truncates instead of rounding to nearest (2x the "
-                       "rounding error); kernels store fp32 there and torch rounds (kernels.common.out_dtype)",
+                       "rounding error); kernels store fp32 there and torch rounds (kernels.buffers.out_dtype)",
     "speed": "programs run one after another in numpy (~ms each): keep grids small",
 }
 

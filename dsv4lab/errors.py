@@ -14,6 +14,10 @@ Concurrent callers share the word (one per device, for the process): kernels on 
 replayed graphs, OR their bits in with atomics; :func:`check_errors` synchronizes the device and swaps
 the word for 0 atomically, so a flag is reported once, by the first check after the work that set it
 (whichever thread calls it), and never lost to a concurrent clear (dsv4lab.concurrency).
+
+On a GPU both take an atomic, which is a kernel: kernels/error_word.py holds the two and installs them
+here when imported (:func:`use_gpu_atomics`; the package's face imports every kernel module), so this
+module, which the kernels import for the bits, imports no kernel.
 """
 from __future__ import annotations
 
@@ -74,6 +78,21 @@ class DeviceInputError(ValueError):
 
 _WORDS: dict[torch.device, torch.Tensor] = {}
 _MAKING = threading.Lock()
+#: (or_word, swap_word): the GPU's atomics on a word, installed by kernels/error_word.py
+_GPU_ATOMICS: list = []
+
+
+def use_gpu_atomics(or_word, swap_word):
+    """Install the GPU's atomics: ``or_word(word, when, flag)`` ORs ``flag`` in where the 0-d bool ``when``
+    is true, ``swap_word(word, clear) -> int`` reads the word, swapped for 0 when ``clear``."""
+    _GPU_ATOMICS[:] = [or_word, swap_word]
+
+
+def _gpu_atomics():
+    if not _GPU_ATOMICS:
+        raise RuntimeError("dsv4lab.errors: the GPU's error-word atomics are not installed (kernels/error_word.py "
+                           "installs them; `import dsv4lab` imports it)")
+    return _GPU_ATOMICS
 
 
 def _key(device) -> torch.device:
@@ -110,8 +129,7 @@ def set_flag(device, flag: Flag, when: torch.Tensor):
     a bit another stream sets at the same moment), under the interpreter's lock on the CPU."""
     w = word(device)
     if w.is_cuda:
-        from .kernels import common
-        common.or_word(w, when, int(flag))
+        _gpu_atomics()[0](w, when, int(flag))
         return
     with concurrency.INTERPRETER_LOCK:
         w.bitwise_or_(when.to(torch.int32) * int(flag))
@@ -130,9 +148,8 @@ def read(device=None, *, clear: bool = True) -> Flag:
     bits = 0
     for w in words:
         if w.is_cuda:
-            from .kernels import common
             torch.cuda.synchronize(w.device)
-            bits |= common.swap_word(w, clear)
+            bits |= _gpu_atomics()[1](w, clear)
             continue
         with concurrency.INTERPRETER_LOCK:
             bits |= int(w.item())

@@ -20,8 +20,10 @@ import math
 
 import torch
 
-from . import api
-from .cache import HEAD_DIM, as_kv_cache
+from .cache import as_kv_cache
+from .config import HEAD_DIM
+from .contracts import check_sink, check_sparse_decode_args, checks_mode, refuse_check_ranges
+from .registry import impl_info
 
 def merge_by_lse(out1, lse1, out2, lse2):
     """Two partial attentions over disjoint token sets -> one, as SGLang merges them, except that "no
@@ -83,7 +85,7 @@ def flash_mla_sparse_decode(q, k_cache, indices, topk_length, attn_sink, head_di
     with no valid token in either cache gives out 0 and lse -inf (the sink's value with a sink).
     B = 0 gives empty outputs (SGLang's own function cannot take an empty batch). ``checks`` as in
     :func:`dsv4lab.sparse_decode` ("device", the default: no host sync; "sync": the data checked
-    on the host, naming the offending value; ``check_ranges`` its older spelling).
+    on the host, naming the offending value; ``check_ranges=``, its older spelling, is refused).
     The lab's impls merge and apply the sink in float32 and round once; ``impl="sglang"``
     rounds as SGLang does (after each cache, the merge and the sink).
     """
@@ -94,8 +96,9 @@ def flash_mla_sparse_decode(q, k_cache, indices, topk_length, attn_sink, head_di
         raise ValueError("extra_k_cache and extra_indices go together: pass both or neither")
     if extra_k_cache is None and extra_topk_length is not None:
         raise ValueError("extra_topk_length needs extra_k_cache and extra_indices")
-    mode = api.checks_mode(checks, check_ranges)
-    entry = api.impl_info("sparse_decode", impl)
+    refuse_check_ranges(check_ranges)
+    mode = checks_mode(checks)
+    entry = impl_info("sparse_decode", impl)
     fn = entry.fn
     B = q3.shape[0]
     parts = [(as_kv_cache(k_cache, "k_cache"), _indices("indices", indices, B), topk_length, _NAMES)]
@@ -103,10 +106,10 @@ def flash_mla_sparse_decode(q, k_cache, indices, topk_length, attn_sink, head_di
         parts.append((as_kv_cache(extra_k_cache, "extra_k_cache"), _indices("extra_indices", extra_indices, B),
                       extra_topk_length, _EXTRA_NAMES))
     for cache, idx, tlen, names in parts:
-        scale = api.check_sparse_decode_args(q3, cache, idx, tlen, softmax_scale, None, mode,
-                                             entry.max_scale_byte, names=names, empty_batch_ok=True)
+        scale = check_sparse_decode_args(q3, cache, idx, tlen, softmax_scale, None, mode,
+                                         entry.max_scale_byte, names=names, empty_batch_ok=True)
     if attn_sink is not None:
-        api.check_sink(attn_sink, q3, mode)
+        check_sink(attn_sink, q3, mode)
     H = q3.shape[1]
     if B == 0:
         out = torch.zeros(0, H, HEAD_DIM, dtype=torch.bfloat16, device=q3.device)
@@ -133,7 +136,7 @@ _EXTRA_NAMES = {"cache": "extra_k_cache", "indices": "extra_indices", "topk_len"
 
 def _sglang(q3, parts, attn_sink, scale):
     """SGLang's own public function, from its wheel (the lab has checked the arguments)."""
-    from .kernels import sglang_peer
+    from .kernels.decode import sglang_peer
     (cache, idx, tlen, _), *extra = parts
     e_cache, e_idx, e_tlen = (extra[0][:3] if extra else (None, None, None))
     with sglang_peer.one_config_when_interpreting():

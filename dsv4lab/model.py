@@ -35,25 +35,26 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 from torch.profiler import record_function
 
-from . import api
-from .cache import HEAD_DIM, IndexKCache, KVCache, pack_index_k, pack_kv, page_bytes
+from .cache import IndexKCache, KVCache, pack_index_k, pack_kv, page_bytes
 from .config import DSV4_FLASH as _F
+from .config import DATA_BYTES, FP8_MAX, HEAD_DIM, INDEX_DIM, WINDOW_PAGE_SIZE
+from .contracts import check_indexer_args, check_sparse_decode_args
 from .device import torch_device
-from .kernels.common import dot_dtype
+from .kernels.step.mhc import mhc_sinkhorn
+from .kernels.step.moe import moe_grouped_gemm
 from .merged_decode import flash_mla_sparse_decode
+from .registry import impl_info
 
-#: the full-token page of SGLang's DSv4 pools ("the system hardcodes page_size=256"); a ratio-r
-#: compressed pool pages at 256 // r rows, so pages line up (ratio 4: 64 rows, ratio 128: 2)
-FULL_PAGE = 256
+#: the full-token page of SGLang's DSv4 pools ("the system hardcodes page_size=256": the window cache's
+#: page, config.WINDOW_PAGE_SIZE); a ratio-r compressed pool pages at 256 // r rows, so pages line up
+#: (ratio 4: 64 rows, ratio 128: 2)
+FULL_PAGE = WINDOW_PAGE_SIZE
 #: SGLang's req_to_token rows hold context_len + 4 slots (no speculative decoding)
 CONTEXT_HEADROOM = 4
 #: SGLang pads the c128 index table (and the window's) to a multiple of this
 INDEX_ALIGN = 64
-FP8_MAX = 448.0
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ class ModelConfig:
             raise ValueError(f"kernel_heads ({self.kernel_heads}) must be >= heads / tp ({self.local_heads})")
         if self.experts % self.ep or self.active_experts > self.experts:
             raise ValueError(f"experts ({self.experts}) must divide by ep ({self.ep}) and hold active_experts")
-        if self.head_dim != HEAD_DIM or self.index_dim != 128:
+        if self.head_dim != HEAD_DIM or self.index_dim != INDEX_DIM:
             raise ValueError("head_dim 512 and index_dim 128 are the cache layouts' contract")
         if self.hc_mult & (self.hc_mult - 1):
             raise ValueError(f"hc_mult must be a power of two (the Sinkhorn kernel's tile), got {self.hc_mult}")
@@ -294,115 +295,6 @@ def assumptions_markdown() -> str:
     rows = ["| topic | the replay | why / source |", "|---|---|---|"]
     rows += [f"| {t} | {r} | {s} |" for t, r, s in ASSUMPTIONS]
     return "\n".join(rows)
-
-
-@dataclass(frozen=True)
-class Stage:
-    """What one campaign stage switches in the step (the rest of the step is the same)."""
-    name: str
-    title: str
-    decode_impl: str                  # dsv4lab.impls("sparse_decode")
-    indexer_impl: str                 # dsv4lab.impls("indexer_topk")
-    mhc_gemm: str = "float32"         # dtype of the mHC pre-linear (and head) GEMM: "float32" or "bfloat16"
-    max_context: int | None = None    # None: the config's; an int caps the served context (the story's variant)
-
-    def __post_init__(self):
-        if self.mhc_gemm not in ("float32", "bfloat16"):
-            raise ValueError(f"Stage.mhc_gemm must be 'float32' or 'bfloat16', got {self.mhc_gemm!r}")
-        if self.decode_impl not in api.impls("sparse_decode"):
-            raise ValueError(f"Stage.decode_impl must be one of {api.impls('sparse_decode')}, got {self.decode_impl!r}")
-        if self.indexer_impl not in api.impls("indexer_topk"):
-            raise ValueError(f"Stage.indexer_impl must be one of {api.impls('indexer_topk')}, "
-                             f"got {self.indexer_impl!r}")
-
-    @property
-    def mhc_dtype(self) -> torch.dtype:
-        return getattr(torch, self.mhc_gemm)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-# ---------------------------------------------------------------------------------------------
-# Triton kernels of the step (the lab's decode and indexer kernels come from dsv4lab.kernels)
-# ---------------------------------------------------------------------------------------------
-
-@triton.jit
-def _mhc_sinkhorn_kernel(MIX, SCALE, BASE, PRE, POST, COMB, HC: tl.constexpr, ITERS: tl.constexpr,
-                         EPS: tl.constexpr):
-    """One token row: mixes [(2 + HC) * HC] = [pre | post | comb] -> pre = sigmoid(.) + eps,
-    post = 2 sigmoid(.), comb = row softmax + eps, then alternate column / row normalizations
-    (ITERS column steps in all) so the stream-mixing matrix is doubly stochastic."""
-    row = tl.program_id(0)
-    MIX_HC: tl.constexpr = (2 + HC) * HC
-    j = tl.arange(0, HC)
-    base = MIX + row * MIX_HC
-    s0 = tl.load(SCALE)
-    s1 = tl.load(SCALE + 1)
-    s2 = tl.load(SCALE + 2)
-    pre = tl.sigmoid(tl.load(base + j) * s0 + tl.load(BASE + j)) + EPS
-    post = 2.0 * tl.sigmoid(tl.load(base + HC + j) * s1 + tl.load(BASE + HC + j))
-    off = 2 * HC + j[:, None] * HC + j[None, :]
-    c = tl.load(base + off) * s2 + tl.load(BASE + off)
-    c = tl.exp(c - tl.max(c, axis=1)[:, None])
-    c = c / tl.sum(c, axis=1)[:, None] + EPS
-    c = c / (tl.sum(c, axis=0)[None, :] + EPS)
-    for _ in tl.static_range(ITERS - 1):
-        c = c / (tl.sum(c, axis=1)[:, None] + EPS)
-        c = c / (tl.sum(c, axis=0)[None, :] + EPS)
-    tl.store(PRE + row * HC + j, pre)
-    tl.store(POST + row * HC + j, post)
-    tl.store(COMB + row * HC * HC + j[:, None] * HC + j[None, :], c)
-
-
-def mhc_sinkhorn(mixes, hc_scale, hc_base, hc_mult: int, iters: int, eps: float):
-    """mixes float32 [B, (2+n)n] -> (pre [B, n], post [B, n], comb [B, n, n]) float32."""
-    B = mixes.shape[0]
-    n = hc_mult
-    pre = torch.empty(B, n, dtype=torch.float32, device=mixes.device)
-    post = torch.empty_like(pre)
-    comb = torch.empty(B, n, n, dtype=torch.float32, device=mixes.device)
-    _mhc_sinkhorn_kernel[(B,)](mixes.contiguous(), hc_scale, hc_base, pre, post, comb, HC=n, ITERS=iters,
-                               EPS=eps, num_warps=1)
-    return pre, post, comb
-
-
-@triton.jit
-def _moe_grouped_gemm_kernel(X, W, Y, M, N, K, stride_xe, stride_xm, stride_we, stride_wk, stride_ye, stride_ym,
-                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                             DOT: tl.constexpr):
-    """Y[e] = X[e] @ W[e] for each expert e: X [E, M, K] (M <= BLOCK_M rows per expert),
-    W [E, K, N] (N contiguous), Y [E, M, N] float32. Grid (E, cdiv(N, BLOCK_N))."""
-    e = tl.program_id(0).to(tl.int64)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = tl.arange(0, BLOCK_M)
-    rk = tl.arange(0, BLOCK_K)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + rk
-        a = tl.load(X + e * stride_xe + rm[:, None] * stride_xm + kk[None, :],
-                    mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
-        b = tl.load(W + e * stride_we + kk[:, None] * stride_wk + rn[None, :],
-                    mask=(kk[:, None] < K) & (rn[None, :] < N), other=0.0)
-        acc = tl.dot(a.to(DOT), b.to(DOT), acc)
-    tl.store(Y + e * stride_ye + rm[:, None] * stride_ym + rn[None, :], acc,
-             mask=(rm[:, None] < M) & (rn[None, :] < N))
-
-
-MOE_BLOCK_M, MOE_BLOCK_N, MOE_BLOCK_K = 16, 64, 64
-
-
-def moe_grouped_gemm(x, w):
-    """x [E, M, K] bf16, w [E', K, N] bf16 (the first E experts are used) -> float32 [E, M, N]."""
-    E, M, K = x.shape
-    N = w.shape[2]
-    if M > MOE_BLOCK_M:
-        raise ValueError(f"the stand-in grouped GEMM takes at most {MOE_BLOCK_M} rows per expert, got {M}")
-    y = torch.empty(E, M, N, dtype=torch.float32, device=x.device)
-    _moe_grouped_gemm_kernel[(E, triton.cdiv(N, MOE_BLOCK_N))](
-        x, w, y, M, N, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1), y.stride(0), y.stride(1),
-        BLOCK_M=MOE_BLOCK_M, BLOCK_N=MOE_BLOCK_N, BLOCK_K=MOE_BLOCK_K, DOT=dot_dtype(), num_warps=4, num_stages=3)
-    return y
 
 
 # ---------------------------------------------------------------------------------------------
@@ -644,7 +536,7 @@ class Model:
         wpb = page_bytes(FULL_PAGE)
         slot = pos % FULL_PAGE
         data_off = (b * wpb + slot * 576)[:, None] + torch.arange(576, device=dev)[None, :]
-        scale_off = (b * wpb + FULL_PAGE * 576 + slot * 8)[:, None] + torch.arange(7, device=dev)[None, :]
+        scale_off = (b * wpb + FULL_PAGE * DATA_BYTES + slot * 8)[:, None] + torch.arange(7, device=dev)[None, :]
         # compressed caches: logical compressed token t of request b at pages[b, t // rows] * rows + t % rows
         n_idx_pages = cfg.full_pages(mc)
         pt = torch.full((B, n_idx_pages), -1, **i32)
@@ -681,13 +573,13 @@ class Model:
         """The argument checks the step skips (they read the GPU): once per batch, outside capture."""
         cfg = self.cfg
         for c in self.caches:
-            api.check_sparse_decode_args(inp.q_pad, c.window, inp.window_idx, inp.window_len, None, None)
+            check_sparse_decode_args(inp.q_pad, c.window, inp.window_idx, inp.window_len, None, None)
             if c.ratio == 128:
-                api.check_sparse_decode_args(inp.q_pad, c.compressed, inp.c128_idx, inp.c128_len, None, None)
+                check_sparse_decode_args(inp.q_pad, c.compressed, inp.c128_idx, inp.c128_len, None, None)
             if c.ratio == 4:
                 q = torch.zeros(inp.B, cfg.index_heads, cfg.index_dim, dtype=torch.bfloat16, device=self.device)
                 w = torch.zeros(inp.B, cfg.index_heads, device=self.device)
-                api.check_indexer_args(q, c.index, w, inp.c4_len, inp.page_table, inp.index_max_seq_len)
+                check_indexer_args(q, c.index, w, inp.c4_len, inp.page_table, inp.index_max_seq_len)
 
     # --- the step ----------------------------------------------------------------------------
     def use_glue(self, fns: dict | None = None):
@@ -790,7 +682,7 @@ class Model:
             ring = inp.ring_pos[cfg.ring_c4]
             c.index_state[torch.arange(B, device=y.device), ring] = F.linear(y, lw.idx_compressor).float()
         with record_function(f"dsv4::indexer[{stage.indexer_impl}]"):
-            fn = G.get(INDEXER_TOPK) or api.impl_info("indexer_topk", stage.indexer_impl).fn
+            fn = G.get(INDEXER_TOPK) or impl_info("indexer_topk", stage.indexer_impl).fn
             top = fn(qi, c.index, w, inp.c4_len, inp.page_table, max_seq_len=inp.index_max_seq_len,
                      topk=cfg.index_topk)
         with record_function("dsv4::indexer_proj"):

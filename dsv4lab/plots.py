@@ -68,7 +68,7 @@ def loop_name(row) -> str:
     """The kernel loop a sweep row ran (planning.LOOPS). Runs recorded before loops had names carry
     its number ("prefetch"): 0, 2 and 5 are plain, registers and l2_hint; the other numbers are
     loops the lab measured and deleted, shown as "loop <n>"."""
-    from .planning import LOOP_OF_PREFETCH
+    from .kernels.decode.planning import LOOP_OF_PREFETCH
     loop = row.get("loop")
     if isinstance(loop, str):
         return loop

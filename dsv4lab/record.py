@@ -9,18 +9,23 @@ them in order and writes what they return.
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 import traceback
+from pathlib import Path
 
 import torch
 
-from . import api, bench, checks, planning, reference, runs, sweeps
+from . import api, bench, checks, reference, sweeps
+from .config import PAGE_SIZE
 from .device import ceilings, mode
+from .kernels.decode import planning
+from .registry import registered
+from .stages import stage
 from .testing import INDEXER_TOL, check_indexer, indexer_tol, make_indexer_inputs, rel_err
 
 BATCHES = [1, 2, 4, 8, 16, 32, 64, 128]
-DECODE_IMPLS = ["sglang", "simt", "mma_story", "mma", "splitk", "splitk_auto", "auto"]
 
 
 def _log(*a):
@@ -31,16 +36,18 @@ def run_checks() -> list[dict]:
     return checks.decode_checks(log=_log)
 
 
-def run_decode(impls=DECODE_IMPLS, batches=BATCHES, H=64, K=512, context=8192, page_size=64,
+def run_decode(impls=None, batches=BATCHES, H=64, K=512, context=8192, page_size=PAGE_SIZE,
                layers=bench.LAYERS) -> list[dict]:
-    """Every stage at each B, speedups against SGLang's kernel measured in the same run: in a
-    one-call graph (graph_us) and per call in a graph of ``layers`` calls (graph_layer_us)."""
+    """Every recorded decode impl (default: the registry's tag "recorded") at each B, speedups against
+    the campaign's baseline (tag "baseline": SGLang's kernel) measured in the same run: in a one-call
+    graph (graph_us) and per call in a graph of ``layers`` calls (graph_layer_us)."""
     def log(row):
         _log("decode", {k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()
                         if k in ("impl", "B", "eager_us", "back_to_back_us", "graph_us", "graph_layer_us", "tflops",
                                  "speedup_vs_baseline", "speedup_vs_baseline_layer", "error")})
-    return bench.decode_table(impls, batches, H=H, K=K, context=context, page_size=page_size,
-                              baseline="sglang", log=log, layers=layers)
+    (base,) = registered("sparse_decode", tag="baseline")
+    return bench.decode_table(impls or [i.name for i in registered(tag="recorded")], batches, H=H, K=K,
+                              context=context, page_size=page_size, baseline=base.name, log=log, layers=layers)
 
 
 _SWEPT: dict = {}
@@ -80,9 +87,6 @@ def run_split(batches=BATCHES) -> list[dict]:
     return rows
 
 
-INDEXER_IMPLS = ["torch_fp32", "torch_bf16", "sglang", "triton"]
-#: the story's setting: 32 requests with 8192 live tokens each, a max context of 262208
-INDEXER_MAX_LENS = [8192, 32768, 131072, 262208]
 INDEXER_BATCHES = [1, 8, 32, 64]
 
 
@@ -93,14 +97,16 @@ def _try(fn):
         return repr(e)[:200]
 
 
-def run_indexer(impls=INDEXER_IMPLS, H=64, live=8192, B=32, max_lens=INDEXER_MAX_LENS,
+def run_indexer(impls=None, H=64, live=8192, B=32, max_lens=bench.INDEXER_MAX_LENS,
                 batches=INDEXER_BATCHES, topk=512) -> list[dict]:
-    """Stages 4-5. Checks: every impl against the float64 reference (logits, top-512 recall) on
-    random lengths, and one captured graph of the Triton indexer replayed on the next step's data.
-    Timings
-    (graph replay and eager, without the API's checks): ``live`` tokens per request at each max context,
-    and at the largest one over B; plus the top-k after the Triton logits."""
-    from .kernels import indexer_gemm
+    """The indexer of every stage (default: the registry's recorded indexer impls). Checks: every impl
+    against the float64 reference (logits, top-512 recall) on random lengths, and one captured graph of
+    S4's Triton indexer replayed on the next step's data. Timings (graph replay and eager, without the
+    API's checks): ``live`` tokens per request at each max context, and, for the impls of S3 and S4, at
+    the largest one over B; plus the top-k after the Triton logits."""
+    from .kernels.indexer import fallback
+    impls = impls or [i.name for i in registered("indexer_logits", tag="recorded")]
+    triton_impl, every_b = stage("S4").indexer_impl, (stage("S3").indexer_impl, stage("S4").indexer_impl)
     rows = []
     chk = make_indexer_inputs(6, H, 4096, seed=11)
     for impl in impls:
@@ -111,11 +117,11 @@ def run_indexer(impls=INDEXER_IMPLS, H=64, live=8192, B=32, max_lens=INDEXER_MAX
         except Exception as e:
             rows.append(dict(kind="check", impl=impl, ok=False, error=repr(e)[:300]))
         _log("indexer", rows[-1])
-    rows.append(dict(kind="env", sglang_indexer_file=_try(indexer_gemm.sglang_indexer_file)))
+    rows.append(dict(kind="env", sglang_indexer_file=_try(fallback.sglang_indexer_file)))
     # one captured graph for every decode step: replay it with new lengths, page tables and queries
     # written into the same buffers, against the reference on the new data (and bitwise vs eager)
     big = make_indexer_inputs(8, H, max(max_lens), seq_lens=live, seed=12)
-    fn = lambda: api.indexer_logits(*big.args(), max_seq_len=big.max_seq_len, impl="triton")  # noqa: E731
+    fn = lambda: api.indexer_logits(*big.args(), max_seq_len=big.max_seq_len, impl=triton_impl)  # noqa: E731
     g, res = bench.capture(fn)
     step = make_indexer_inputs(8, H, max(max_lens), seq_lens=live, seed=14)
     gen = torch.Generator().manual_seed(15)
@@ -129,7 +135,7 @@ def run_indexer(impls=INDEXER_IMPLS, H=64, live=8192, B=32, max_lens=INDEXER_MAX
     ref = reference.indexer_logits(*big.args(), big.max_seq_len)
     err = rel_err(res, ref)
     same = torch.equal(res, fn())
-    rows.append(dict(kind="check", impl="triton", case="graph replay on the next step's data (new seq_lens, "
+    rows.append(dict(kind="check", impl=triton_impl, case="graph replay on the next step's data (new seq_lens, "
                      "page table, q, w)", logits_err=err, tol=INDEXER_TOL, ok=err <= INDEXER_TOL and same,
                      bitwise_vs_eager=same))
     _log("indexer", rows[-1])
@@ -137,7 +143,7 @@ def run_indexer(impls=INDEXER_IMPLS, H=64, live=8192, B=32, max_lens=INDEXER_MAX
     shapes = [(B, L) for L in max_lens] + [(b, max(max_lens)) for b in batches if b != B]
     for b, L in shapes:
         inp = make_indexer_inputs(b, H, L, seq_lens=live, seed=13)
-        for impl in [i for i in impls if b == B or i in ("torch_bf16", "triton")]:
+        for impl in [i for i in impls if b == B or i in every_b]:
             try:
                 row = dict(kind="time", **bench.indexer_row(impl, inp))
             except Exception as e:
@@ -151,11 +157,32 @@ def run_indexer(impls=INDEXER_IMPLS, H=64, live=8192, B=32, max_lens=INDEXER_MAX
     return rows
 
 
+#: which notebook or document reads each recorded part (the manifest says it beside each file)
+PART_READERS = {
+    "device": ["notebooks 00, 01, 02, 04, 05 (ceilings)", "README"],
+    "checks": ["notebook 01"],
+    "decode": ["notebooks 01-03", "README"],
+    "tiles": ["notebook 02", "experiments/tile_sweep"],
+    "split": ["notebooks 02-03", "experiments/split_sweep"],
+    "indexer": ["notebooks 04-05", "README"],
+    "indexer_step": ["notebook 05", "README"],
+    "reproduce": ["notebook 04 (the glue's ops)", "notebooks 06-07", "README"],
+    "launch_floor": ["notebook 03"],
+}
+
+
+def write_manifest(folder, part: str, payload: dict, command: str, file: str | None = None):
+    """Add (or replace) ``part``'s entry in ``folder``/manifest.json: its file (default
+    ``<part>.json``), date, device, versions, the command that wrote it and who reads it."""
+    path = Path(folder) / "manifest.json"
+    man = json.loads(path.read_text()) if path.exists() else {}
+    man[part] = {"file": file or f"{part}.json", "date": payload.get("date"), "device": payload.get("device", {}).get("name"),
+                 "torch": payload.get("torch"), "triton": payload.get("triton"), "command": command,
+                 "read_by": PART_READERS.get(part, [])}
+    path.write_text(json.dumps(dict(sorted(man.items())), indent=1) + "\n")
+
+
 PARTS = {"tiles": run_tiles, "split": run_split, "decode": run_decode, "checks": run_checks, "indexer": run_indexer}
-
-
-def tile_table() -> dict:
-    return {f"{k[0]}/{k[1]}": vars(v) for k, v in planning.TILE_TABLE.items()}
 
 
 def main(out_dir: str, only=None):
@@ -170,7 +197,7 @@ def main(out_dir: str, only=None):
     _log("ceilings", env["ceilings"], "launch floor", env["launch_floor"], f"{time.time() - t0:.1f}s")
     command = f"python -m dsv4lab record --out {out_dir}" + (f" --only {' '.join(only)}" if only else "")
     bench.save(os.path.join(out_dir, "device.json"), env)
-    runs.write_manifest(out_dir, "device", env, command)
+    write_manifest(out_dir, "device", env, command)
     for name in only or PARTS:
         t = time.time()
         try:
@@ -178,7 +205,7 @@ def main(out_dir: str, only=None):
         except Exception:
             traceback.print_exc()
             continue
-        payload = {**env, "part": name, "rows": rows, "tile_table": tile_table(), "seconds": time.time() - t}
+        payload = {**env, "part": name, "rows": rows, "tile_table": planning.table_dict(), "seconds": time.time() - t}
         bench.save(os.path.join(out_dir, f"{name}.json"), payload)
-        runs.write_manifest(out_dir, name, payload, command)
+        write_manifest(out_dir, name, payload, command)
         _log(f"== {name} done in {time.time() - t:.0f}s")

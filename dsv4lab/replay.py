@@ -43,51 +43,25 @@ from pathlib import Path
 
 import torch
 
-from . import api, bench, bridge, profile, run_folder, runs
+from . import bench, bridge, profile, run_folder, runs
 from .device import ceilings, mode
-from .model import (ASSUMPTIONS, CPU_MODEL, DSV4_FLASH_TP8, GLUE, INDEXER_TOPK, Model, ModelConfig, Stage,
+from .model import (ASSUMPTIONS, CPU_MODEL, DSV4_FLASH_TP8, GLUE, INDEXER_TOPK, Model, ModelConfig,
                     assumptions_markdown, weight_bytes)
+from .api import sparse_decode
+from .registry import impl_info
+from .stages import STAGES, STORY_STEPS, TRANSITIONS, Stage, stage  # noqa: F401  (STORY_STEPS: notebooks read it here)
 
 def _repo_relative(text: str) -> str:
     """Error text with this machine's paths to the package cut to ``dsv4lab/...``."""
     return re.sub(r"(/[^\s\"']*)?/(dsv4lab/[\w/.]+)", r"\2", text)
 
 
-#: the campaign's stages, cumulative; variants at the end
-STAGES = (
-    Stage("S0", "story start: SGLang's SIMT decode, fp32 indexer fallback over the max context, fp32 mHC",
-          decode_impl="sglang", indexer_impl="torch_fp32", mhc_gemm="float32"),
-    Stage("S1", "the story's head-batched MMA decode (BLOCK_H 32): SGLang's loop over the whole padded row",
-          decode_impl="mma_story", indexer_impl="torch_fp32", mhc_gemm="float32"),
-    Stage("S2", "split-K decode (splitk_auto: tiles and NSPLIT per shape)",
-          decode_impl="splitk_auto", indexer_impl="torch_fp32", mhc_gemm="float32"),
-    Stage("S3", "bf16 GEMMs for the indexer and the mHC pre-linear",
-          decode_impl="splitk_auto", indexer_impl="torch_bf16", mhc_gemm="bfloat16"),
-    Stage("S4", "the Triton indexer: work follows the live context",
-          decode_impl="splitk_auto", indexer_impl="triton", mhc_gemm="bfloat16"),
-    Stage("S1stop", "variant of S1 (the lab's): the story's kernel stopping each row at topk_length",
-          decode_impl="mma_story_stop", indexer_impl="torch_fp32", mhc_gemm="float32"),
-    Stage("S1best", "variant of S1 (the lab's): the lab's tuned head-batched kernel (mma)",
-          decode_impl="mma", indexer_impl="torch_fp32", mhc_gemm="float32"),
-    Stage("S1cap", "variant of S1: the story's 'cap the context to 8192', where the story made it",
-          decode_impl="mma_story", indexer_impl="torch_fp32", mhc_gemm="float32", max_context=8192),
-    Stage("S0cap", "variant of S0: the context capped to 8192 before the MMA kernel",
-          decode_impl="sglang", indexer_impl="torch_fp32", mhc_gemm="float32", max_context=8192),
-    Stage("S3cap", "variant of S3: context capped to 8192",
-          decode_impl="splitk_auto", indexer_impl="torch_bf16", mhc_gemm="bfloat16", max_context=8192),
-)
-#: the steps the story took (the rest are the lab's own, or the story's change applied elsewhere)
-STORY_STEPS = ("S0", "S1", "S1cap")
-STAGE_BY_NAME = {s.name: s for s in STAGES}
-#: (before, after) pairs that get the story's before/after table
-TRANSITIONS = (("S0", "S1"), ("S1", "S1stop"), ("S1stop", "S2"), ("S2", "S3"), ("S3", "S4"), ("S1", "S1cap"),
-               ("S1stop", "S1best"), ("S0", "S0cap"), ("S3", "S3cap"), ("S0", "S4"))
-
 CONCURRENCY = (1, 16, 32, 64)
 PROFILE_BATCH = 32            # the story's steady-state batch
 CONCURRENCY_CPU = (1, 2)
 PROFILE_BATCH_CPU = 2
-ISOLATED_IMPLS = ("sglang", "mma_story", "mma_story_stop", "mma", "splitk_auto")
+#: the decode impls timed alone (one call per graph): those of S0, S1, S1stop, S1best and S2
+ISOLATED_IMPLS = tuple(dict.fromkeys(stage(n).decode_impl for n in ("S0", "S1", "S1stop", "S1best", "S2")))
 #: the lesson's compile modes, least to most likely to clash with an outer capture
 COMPILE_VARIANTS = ("default", "reduce-overhead", "default, first call inside the capture")
 #: the lessons: (stage, whether its indexer top-k is compiled too). S1 is where the story tried
@@ -96,12 +70,6 @@ COMPILE_LESSONS = (("S1", True), ("S4", False))
 #: ratio-4 layer counts for S0's glue scaling (the other compressed layers ratio 128)
 GLUE_SCALING_COUNTS = (0, 7, 14, 21)
 DEFAULT_BUDGET_S = 520        # of the 600 s one GPU command may run (imports and the files come on top)
-
-
-def stage(name: str) -> Stage:
-    if name not in STAGE_BY_NAME:
-        raise ValueError(f"stage must be one of {list(STAGE_BY_NAME)}, got {name!r}")
-    return STAGE_BY_NAME[name]
 
 
 def stage_for(s: Stage, cfg: ModelConfig) -> Stage:
@@ -429,7 +397,7 @@ def isolated_decode(model: Model, impls=ISOLATED_IMPLS, batches=(1, PROFILE_BATC
             for kind, (cache, idx, tlen) in calls.items():
                 row = dict(impl=impl, B=B, call=kind, how=how)
                 try:
-                    fn = lambda: api.sparse_decode(q, cache, idx, topk_len=tlen, impl=impl,  # noqa: E731
+                    fn = lambda: sparse_decode(q, cache, idx, topk_len=tlen, impl=impl,  # noqa: E731
                                                    checks="device")
                     row["graph_us"] = timer(fn) * 1e3
                     row.update(decode_grid(impl, B, cfg.kernel_heads, idx.shape[1], valid[kind.split(" (")[0]]))
@@ -445,20 +413,21 @@ def isolated_decode(model: Model, impls=ISOLATED_IMPLS, batches=(1, PROFILE_BATC
 
 def decode_grid(impl: str, B: int, H: int, K: int, valid: int) -> dict:
     """How a decode call of ``impl`` spreads over the chip: ``programs`` launched and the ``tiles`` of
-    the index row the busiest program's loop walks (``tile`` entries a tile). SGLang's kernel and the story's
-    walk the whole padded row of K entries; the others stop at the ``valid`` ones. SGLang's tile is
-    what its autotuner picked for the call just run (None before any GPU call)."""
-    if impl == "sglang":
-        from .kernels import sglang_peer
+    the index row the busiest program's loop walks (``tile`` entries a tile). SGLang's kernel (S0's) and
+    the story's (S1's) walk the whole padded row of K entries; the others stop at the ``valid`` ones.
+    SGLang's tile is what its autotuner picked for the call just run (None before any GPU call)."""
+    if impl == stage("S0").decode_impl:
+        from .kernels.decode import sglang_peer
         best = getattr(sglang_peer.module()._tiled_sparse_decode_kernel, "best_config", None)
         tile = best.kwargs.get("BLOCK_T") if best is not None else None
         return dict(programs=B * H, tile=tile, tiles=-(-K // tile) if tile else None)
-    if impl not in ("mma_story", "mma_story_stop", "mma", "splitk", "splitk_auto"):
+    info = impl_info("sparse_decode", impl)
+    if info.launch is None:
         return {}
-    launch = bench.impl_launch(impl, B, H, K)
+    launch = info.launch(B, H, K)
     t, n = launch.tiles, launch.nsplit
     split_len = -(-(-(-K // n)) // t.block_n) * t.block_n         # split-K's slice of the row
-    walked = K if impl == "mma_story" else min(valid, split_len)   # by the busiest program
+    walked = K if impl == stage("S1").decode_impl else min(valid, split_len)   # by the busiest program
     return dict(programs=B * -(-H // t.block_h) * n, tile=t.block_n, tiles=-(-walked // t.block_n))
 
 
@@ -525,7 +494,7 @@ def compile_lesson(out_json: str, stage_name: str = "S4", C: int = PROFILE_BATCH
         mode_arg = None if compile_mode == "default" else compile_mode
         fns = {name: torch.compile(getattr(model_mod, name), mode=mode_arg) for name in GLUE}
         if indexer:
-            fns[INDEXER_TOPK] = torch.compile(api.impl_info("indexer_topk", s.indexer_impl).fn, mode=mode_arg)
+            fns[INDEXER_TOPK] = torch.compile(impl_info("indexer_topk", s.indexer_impl).fn, mode=mode_arg)
         m.use_glue(fns)
         t0 = time.time()
         try:

@@ -11,8 +11,8 @@ import re
 from pathlib import Path
 
 from . import runs
-
-DECODE_IMPLS = ("sglang", "simt", "mma_story", "mma", "splitk", "splitk_auto", "auto")
+from .registry import registered
+from .stages import stage
 
 
 def _fmt(v, digits=1):
@@ -29,18 +29,20 @@ def run_line(part: str = "decode", run: str = "h200") -> str:
             f"triton {d['triton']}{ceil}).")
 
 
-def decode_table(run: str = "h200") -> str:
-    """Time per call (us, one-call CUDA graph) of every decode impl in the recorded run, the lab's
-    pick's speedup over SGLang's kernel (``auto`` where the run has it, else ``splitk_auto``), the
-    pick per call inside a graph of 8 calls, and the pick called eagerly back to back
-    (bench.back_to_back_us: the host's issue time included) where the run has it."""
+def decode_run_table(run: str = "h200") -> str:
+    """Time per call (us, one-call CUDA graph) of every recorded decode impl in the recorded run (the
+    registry's order), the lab's pick's speedup over the baseline (SGLang's kernel; the pick: the
+    dispatcher where the run has it, else S2's kernel), the pick per call inside a graph of 8 calls, and
+    the pick called eagerly back to back (bench.back_to_back_us: the host's issue time included) where
+    the run has it."""
     df = runs.table("decode", run)
     df = df[df["graph_us"].notna()] if "graph_us" in df else df
-    impls = [i for i in DECODE_IMPLS if i in set(df.impl)]
-    lead = "auto" if "auto" in impls else "splitk_auto"
+    impls = [i.name for i in registered(tag="recorded") if i.name in set(df.impl)]
+    base = registered(tag="baseline")[0].name
+    lead = next((i.name for i in registered(tag="dispatcher") if i.name in impls), stage("S2").decode_impl)
     t = df.pivot_table(index="B", columns="impl", values="graph_us")
     layer = df.pivot_table(index="B", columns="impl", values="graph_layer_us") if "graph_layer_us" in df else None
-    head = ["B", *impls, f"{lead} vs sglang"]
+    head = ["B", *impls, f"{lead} vs {base}"]
     has_layer = layer is not None and lead in layer
     if has_layer:
         head += [f"{lead}, 8-call graph", "vs sglang, same"]
@@ -51,10 +53,10 @@ def decode_table(run: str = "h200") -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for B, r in t.iterrows():
         cells = [str(int(B)), *(_fmt(r.get(i)) for i in impls)]
-        cells.append(f"{r['sglang'] / r[lead]:.0f}x" if {"sglang", lead} <= set(r.index) else "-")
+        cells.append(f"{r[base] / r[lead]:.0f}x" if {base, lead} <= set(r.index) else "-")
         if has_layer:
             lr = layer.loc[B]
-            cells += [_fmt(lr.get(lead)), f"{lr['sglang'] / lr[lead]:.0f}x" if "sglang" in lr else "-"]
+            cells += [_fmt(lr.get(lead)), f"{lr[base] / lr[lead]:.0f}x" if base in lr else "-"]
         if eager is not None:
             cells.append(_fmt(eager.get(B)))
         lines.append("| " + " | ".join(cells) + " |")
@@ -66,8 +68,8 @@ def indexer_table(run: str = "h200") -> str:
     df = runs.table("indexer", run)
     tm = df[(df["kind"] == "time") & (df["B"] == 32)]
     t = tm.pivot_table(index="max_seq_len", columns="impl", values="graph_us")
-    cols = [c for c in ("torch_fp32", "torch_bf16", "sglang", "triton") if c in t] + \
-           [c for c in t.columns if c not in ("torch_fp32", "torch_bf16", "sglang", "triton")]
+    recorded = [i.name for i in registered("indexer_logits", tag="recorded")]
+    cols = [c for c in recorded if c in t] + [c for c in t.columns if c not in recorded]
     lines = ["| max context | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     for L, r in t.iterrows():
         lines.append(f"| {int(L)} | " + " | ".join(_fmt(r[c]) for c in cols) + " |")
@@ -178,11 +180,11 @@ def replay_shift_table(run: str = runs.REPLAY_RUN, before: str = "S0", after: st
 
 
 def bad_input_table() -> str:
-    from . import contracts
-    return contracts.render()
+    from . import bad_input
+    return bad_input.render()
 
 
-SECTIONS = {"decode-run": lambda: run_line("decode"), "decode-table": decode_table,
+SECTIONS = {"decode-run": lambda: run_line("decode"), "decode-table": decode_run_table,
             "indexer-run": lambda: run_line("indexer"), "indexer-table": indexer_table,
             "indexer-step": indexer_step_targets,
             "story-vs-lab": lambda: story_vs_lab_markdown(),
@@ -271,7 +273,7 @@ def story_vs_lab_table(run: str = runs.REPLAY_RUN, kernel_run: str = runs.KERNEL
 
     from . import profile
     from .device import KNOWN_DEVICES
-    from .planning import STORY_TILES
+    from .kernels.decode.planning import STORY_TILES
     from .replay import isolated_per_step
 
     rep = runs.replay(run)

@@ -3,8 +3,8 @@
 (data/campaign/*.csv), as dicts and pandas DataFrames.
 
 Notebooks read these at run time and never copy a number out of them: a newer
-recorded run replaces the JSON files and every notebook follows. On a GPU,
-:func:`measure_decode` produces the same table live.
+recorded run replaces the JSON files and every notebook follows. This module only reads; on a GPU,
+dsv4lab.bench measures the same tables live (``bench.measure_decode`` and its siblings).
 
 The data folder sits beside the package in a repo checkout (editable install), and
 experiments/ beside it; call :func:`use_data_dir` to read another copy of data/ (its
@@ -302,31 +302,6 @@ def select(df: pd.DataFrame, cfg: dict) -> pd.DataFrame:
     return df[mask]
 
 
-#: which notebook or document reads each recorded part (the manifest says it beside each file)
-PART_READERS = {
-    "device": ["notebooks 00, 01, 02, 04, 05 (ceilings)", "README"],
-    "checks": ["notebook 01"],
-    "decode": ["notebooks 01-03", "README"],
-    "tiles": ["notebook 02", "experiments/tile_sweep"],
-    "split": ["notebooks 02-03", "experiments/split_sweep"],
-    "indexer": ["notebooks 04-05", "README"],
-    "indexer_step": ["notebook 05", "README"],
-    "reproduce": ["notebook 04 (the glue's ops)", "notebooks 06-07", "README"],
-    "launch_floor": ["notebook 03"],
-}
-
-
-def write_manifest(folder, part: str, payload: dict, command: str, file: str | None = None):
-    """Add (or replace) ``part``'s entry in ``folder``/manifest.json: its file (default
-    ``<part>.json``), date, device, versions, the command that wrote it and who reads it."""
-    path = Path(folder) / "manifest.json"
-    man = json.loads(path.read_text()) if path.exists() else {}
-    man[part] = {"file": file or f"{part}.json", "date": payload.get("date"), "device": payload.get("device", {}).get("name"),
-                 "torch": payload.get("torch"), "triton": payload.get("triton"), "command": command,
-                 "read_by": PART_READERS.get(part, [])}
-    path.write_text(json.dumps(dict(sorted(man.items())), indent=1) + "\n")
-
-
 def campaign(name: str) -> pd.DataFrame:
     """A table the story published: "story_profile", "story_throughput" or "story_facts"
     (the "story_" prefix may be left out)."""
@@ -378,75 +353,6 @@ def story_pair(figure: str) -> tuple[float, float]:
     if len(nums) != 2:
         raise ValueError(f"story figure {figure!r} is not 'a -> b': {story_fact(figure)!r}")
     return float(nums[0]), float(nums[1])
-
-
-def measure_decode(impls, batches, shapes=None, layers=None) -> pd.DataFrame:
-    """Time ``impls`` at each batch size live (GPU only), with the recorded table's columns.
-
-    Same inputs as the recorded run: ``shapes.context`` tokens per request, pages of 64, and
-    the time per call in a graph of ``layers`` calls (default bench.LAYERS; 0: skip it).
-    The first impl in ``impls`` is the baseline for ``speedup_vs_baseline``.
-    """
-    from . import bench
-    from .config import shapes as _shapes
-    s = shapes or _shapes()
-    rows = bench.decode_table(impls, batches, H=s.heads, K=s.topk, context=s.context, page_size=s.page_size,
-                              baseline=impls[0], layers=bench.LAYERS if layers is None else layers)
-    return pd.DataFrame(rows)
-
-
-def measure_indexer(impls, B=32, max_lens=None, live=8192, H=64, topk=512) -> pd.DataFrame:
-    """Time indexer ``impls`` live (GPU only) with the recorded table's columns (kind="time"):
-    ``live`` tokens per request at each max context (default: the recorded run's), and
-    torch.topk on the Triton logits."""
-    from . import bench
-    from .record import INDEXER_MAX_LENS
-    from .testing import make_indexer_inputs
-    rows = []
-    for L in max_lens or INDEXER_MAX_LENS:
-        inp = make_indexer_inputs(B, H, L, seq_lens=live, seed=13)
-        rows += [dict(kind="time", **bench.indexer_row(i, inp)) for i in impls]
-        rows.append(dict(kind="time", **bench.indexer_topk_row(inp, topk)))
-    return pd.DataFrame(rows)
-
-
-def measure_indexer_step(max_lens=(8192, 65536, 262208, 1048576), lives=(1024, 8192, 65536), B=32, live=8192,
-                         live_max=1048576, H=64, topk=512, torch_impls=("torch_bf16",), torch_max=262208) -> pd.DataFrame:
-    """Time the indexer step (logits + top-k, the registered functions a captured graph runs) live
-    (GPU only), with the columns of experiments/indexer_topk's rows: kind="step_vs_max" (``live``
-    tokens a request at each max context; ``torch_impls`` only up to ``torch_max``) and
-    kind="step_vs_live" (the Triton step at each live length, max context ``live_max``, with its logits
-    and its top-k timed alone); graph replay, and the floor of the bytes at this device's copy ceiling."""
-    from . import api, bench
-    from .device import ceilings
-    from .kernels.indexer import logits_triton
-    from .kernels.topk import topk_triton
-    from .roofline import indexer_bytes, indexer_step_bytes
-    from .testing import make_indexer_inputs
-    copy = ceilings().copy_tb_s * 1e12
-    rows = []
-
-    def us(fn):
-        return bench.time_ms(fn, graph=True) * 1e3
-
-    def step_row(kind, impl, n, L):
-        inp = make_indexer_inputs(B, H, L, seq_lens=n, seed=13)
-        fn = api.impl_info("indexer_topk", impl).fn
-        row = dict(kind=kind, impl=impl, B=B, live=n, max_seq_len=L,
-                   graph_us=us(lambda: fn(*inp.args(), max_seq_len=L, topk=topk)),
-                   floor_us=indexer_step_bytes(B, n, H, k=topk) / copy * 1e6)
-        if kind == "step_vs_live":
-            x = logits_triton(*inp.args(), L, fill_dead=False)
-            row.update(logits_us=us(lambda: logits_triton(*inp.args(), L, fill_dead=False)),
-                       topk_us=us(lambda: topk_triton(x, inp.seq_lens, topk)))
-            row["logits_share_of_copy"] = indexer_bytes(B, n, H) / (row["logits_us"] * 1e-6) / copy
-        rows.append(row)
-    for L in max_lens:
-        for impl in ("triton",) + tuple(torch_impls if L <= torch_max else ()):
-            step_row("step_vs_max", impl, live, L)
-    for n in lives:
-        step_row("step_vs_live", "triton", n, live_max)
-    return pd.DataFrame(rows)
 
 
 def target_line(name: str, value: float, target: float, unit: str = "us", *, higher_is_better=False) -> str:

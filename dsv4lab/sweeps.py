@@ -13,8 +13,8 @@ import torch
 import triton
 
 from . import bench, reference
-from .kernels import head_batched, split_k
-from .planning import TileConfig, launch_for
+from .kernels.decode import head_batched, split_k
+from .kernels.decode.planning import TileConfig, launch_for
 from .testing import make_decode_inputs, poisoned, rel_err
 
 #: (BLOCK_H, BLOCK_N, warps, stages, loop[, dequant, fold the scale]): configs the offline compiler

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .cache import INDEX_PAGE, pack_index_k, pack_kv
+from .cache import pack_index_k, pack_kv
+from .config import PAGE_SIZE, WINDOW_PAGE_SIZE
 from .device import torch_device
 
 OUT_TOL = 5e-3
@@ -35,12 +36,13 @@ INDEXER_BF16_TOL = 5e-3
 #: kernels and GEMM dtypes): bf16 activations through every layer, each stage rounding in its own order;
 #: a wrong kernel or a lost cache moves them by O(1)
 STEP_TOL = 3e-2
-INDEXER_EXACT = ("triton", "torch_fp32")     # indexer impls whose products are exact in fp32
 
 
 def indexer_tol(impl: str) -> float:
-    """The logits bound for an indexer impl: INDEXER_TOL where q . k is exact, else the bf16 one."""
-    return INDEXER_TOL if impl in INDEXER_EXACT else INDEXER_BF16_TOL
+    """The logits bound for an indexer impl: INDEXER_TOL where q . k is exact (the registry's tag
+    "exact"), else the bf16 one."""
+    from .registry import impl_info
+    return INDEXER_TOL if "exact" in impl_info("indexer_logits", impl).tags else INDEXER_BF16_TOL
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -72,14 +74,14 @@ def strided_view(x: torch.Tensor, dim: int = 0) -> torch.Tensor:
 
 @contextlib.contextmanager
 def poisoned():
-    """Kernel outputs come pre-filled with NaN inside this block (see kernels.common.alloc)."""
-    from .kernels import common
-    old = common._POISON[0]
-    common._POISON[0] = True
+    """Kernel outputs come pre-filled with NaN inside this block (see kernels.buffers.alloc)."""
+    from .kernels import buffers
+    old = buffers._POISON[0]
+    buffers._POISON[0] = True
     try:
         yield
     finally:
-        common._POISON[0] = old
+        buffers._POISON[0] = old
 
 
 @dataclass
@@ -94,7 +96,7 @@ class DecodeInputs:
         return dict(topk_len=self.topk_len, attn_sink=self.attn_sink)
 
 
-def make_decode_inputs(B, H, K, *, context=None, page_size=64, seed=None, device=None,
+def make_decode_inputs(B, H, K, *, context=None, page_size=PAGE_SIZE, seed=None, device=None,
                        pad_frac=0.0, topk_len=False, sink=False, kv_scale=1.0) -> DecodeInputs:
     """Random decode inputs in the campaign's setting: request b owns tokens
     [b*context, (b+1)*context) of one paged cache and attends to K distinct of them.
@@ -119,10 +121,6 @@ def make_decode_inputs(B, H, K, *, context=None, page_size=64, seed=None, device
     tl_ = torch.randint(0, K + 1, (B,), generator=g, dtype=torch.int32).to(device) if topk_len else None
     sk = (torch.randn(H, generator=g) * 2).to(device) if sink else None
     return DecodeInputs(q, cache, idx.to(torch.int32).to(device), tl_, sk)
-
-
-#: SGLang's DSv4 page sizes: the sliding-window cache and the compressed cache
-WINDOW_PAGE, COMPRESSED_PAGE = 256, 64
 
 
 @dataclass
@@ -158,11 +156,11 @@ def make_merged_decode_inputs(B, H, window_k, compressed_k=None, *, window_conte
     g = torch.Generator(device="cpu")
     g.manual_seed(torch.seed() if seed is None else seed)
     seeds = torch.randint(0, 2**62, (2,), generator=g).tolist()
-    w = make_decode_inputs(B, H, window_k, context=window_context, page_size=WINDOW_PAGE, seed=seeds[0],
+    w = make_decode_inputs(B, H, window_k, context=window_context, page_size=WINDOW_PAGE_SIZE, seed=seeds[0],
                            device=device, pad_frac=pad_frac, topk_len=topk_len, sink=sink)
     c = None
     if compressed_k:
-        c = make_decode_inputs(B, H, compressed_k, context=compressed_context, page_size=COMPRESSED_PAGE,
+        c = make_decode_inputs(B, H, compressed_k, context=compressed_context, page_size=PAGE_SIZE,
                                seed=seeds[1], device=device, pad_frac=pad_frac, topk_len=topk_len)
         c.q = w.q
     return MergedDecodeInputs(w, c)
@@ -182,21 +180,10 @@ def check_decode(impl: str, inp: DecodeInputs, *, against: str = "reference"):
 
 def runnable_impls(op: str = "sparse_decode") -> list:
     """The registered impls of ``op`` this process can run (a new impl is walked as soon as it is
-    registered): all but the Hopper kernel off sm_90 and SGLang's code where its wheel is missing."""
-    from . import api
-    from .kernels import hopper, indexer_gemm, sglang_peer
-    out = []
-    for impl in api.impls(op):
-        needs = api.impl_info(op, impl).needs
-        if "sm_90" in needs and hopper.unavailable_reason() is not None:
-            continue
-        if "sglang" in needs:
-            try:
-                sglang_peer.module() if op == "sparse_decode" else indexer_gemm.sglang_function()
-            except ImportError:
-                continue
-        out.append(impl)
-    return out
+    registered): all but those whose ``Impl.unavailable()`` says why not here (the Hopper kernel off
+    sm_90, SGLang's code where its wheel is missing)."""
+    from .registry import registered
+    return sorted(i.name for i in registered(op) if i.unavailable() is None)
 
 
 def right_or_nan(got, want, flags) -> int:
@@ -252,7 +239,7 @@ def make_indexer_inputs(B, H, max_seq_len, *, seq_lens=None, seed=None, device=N
         lens = torch.randint(0, max_seq_len + 1, (B,), generator=g)
     else:
         lens = torch.as_tensor([seq_lens] * B if isinstance(seq_lens, int) else seq_lens)
-    ps = INDEX_PAGE
+    ps = PAGE_SIZE
     live = (lens + ps - 1) // ps
     total = max(1, int(live.sum()))
     cache = pack_index_k((torch.randn(total * ps, 128, generator=g)).to(device))
@@ -303,11 +290,13 @@ def check_indexer_step(inp: IndexerInputs, topk: int = 512, got: torch.Tensor | 
     ``exact``, they are the contract (reference.topk_positions) on the Triton kernel's own logits;
     ``recall``, the share of the float64 reference's selection found (ties counted); ``logits_err``, the
     Triton logits against the float64 ones; ``ok``, all three as they must be."""
-    from . import api, reference
-    from .kernels.indexer import logits_triton
+    from . import reference
+    from .kernels.indexer.triton_indexer import logits_triton
+    from .registry import impl_info
+    from .stages import stage
     with poisoned():
         if got is None:
-            got = api.impl_info("indexer_topk", "triton").fn(*inp.args(), max_seq_len=inp.max_seq_len, topk=topk)
+            got = impl_info("indexer_topk", stage("S4").indexer_impl).fn(*inp.args(), max_seq_len=inp.max_seq_len, topk=topk)
         logits = logits_triton(*inp.args(), inp.max_seq_len)
     ref = reference.indexer_logits(*inp.args(), inp.max_seq_len)
     got = got.cpu()
@@ -316,3 +305,36 @@ def check_indexer_step(inp: IndexerInputs, topk: int = 512, got: torch.Tensor | 
     err = rel_err(logits, ref)
     return dict(exact=exact, recall=recall, logits_err=err, padded=int((got == -1).sum()),
                 ok=exact and recall == 1.0 and err <= INDEXER_TOL)
+
+
+_PROBE = """
+import json, sys, time, torch, dsv4lab
+from dsv4lab.testing import check_decode, make_decode_inputs
+t = time.time()
+inp = make_decode_inputs(2, 64, 200, context=300, topk_len=True, sink=True, pad_frac=0.1, seed=1)
+e_out, e_lse = check_decode(sys.argv[1], inp)
+if torch.cuda.is_available():
+    torch.cuda.synchronize()
+print(json.dumps({"out_err": e_out, "lse_err": e_lse, "seconds": time.time() - t}))
+"""
+
+
+def probe(impl: str, timeout_s: float = 90.0) -> dict:
+    """One small decode with ``impl`` in a child process, judged against the float64 reference:
+    {"ok", "out_err", "lse_err", "seconds"} or {"ok": False, "error"}. A kernel that has never run may
+    hang (an mbarrier phase off by one never completes) or fault; in a child process that costs
+    ``timeout_s`` and a row, not the calling process (a hung CUDA context cannot be recovered in-process)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = str(Path(__file__).resolve().parent.parent)
+    code = f"import sys; sys.path.insert(0, {root!r})\n" + _PROBE          # this checkout's dsv4lab first
+    try:
+        r = subprocess.run([sys.executable, "-c", code, impl], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"no answer in {timeout_s:.0f} s (a hang?)"}
+    if r.returncode != 0:
+        return {"ok": False, "error": (r.stderr or r.stdout)[-600:]}
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    return {"ok": got["out_err"] <= OUT_TOL and got["lse_err"] <= LSE_TOL, **got}

@@ -50,7 +50,7 @@ def _time_us(fn) -> float:
 def _tile_config(row, source="live"):
     """The TileConfig a sweep row (or a recorded tile-table entry) ran, costs included where the
     entry has them (rows recorded before the loop had a name carry its number)."""
-    from .planning import TileConfig
+    from .kernels.decode.planning import TileConfig
     dequant, fold = row.get("dequant"), row.get("fold_scale")
     costs = {k: float(row[k]) for k in ("us_per_tile", "fixed_us", "merge_us")
              if row.get(k) is not None and row.get(k) == row.get(k)}
@@ -68,8 +68,8 @@ def recorded_tiles(use: str, run: str = "h200"):
 
 def time_split_live(row, B, nsplit, H=64, K=512, context=8192) -> float:
     """Graph-replay time (us) of split-K with one sweep row's tile config and NSPLIT (GPU)."""
-    from .kernels import split_k
-    from .planning import launch_for
+    from .kernels.decode import split_k
+    from .kernels.decode.planning import launch_for
     cfg = _tile_config(row)
     inp, opts = _inputs(B, H, K, context), launch_for(cfg, nsplit, B * -(-H // cfg.block_h) * nsplit)
     return _time_us(lambda: split_k.run(inp.q, inp.cache, inp.indices, None, 512 ** -0.5, None, opts))
@@ -109,8 +109,8 @@ def story_shape(B: int) -> tuple:
 def _story_call(block_h):
     from dataclasses import replace
 
-    from .kernels import head_batched
-    from .planning import STORY_TILES
+    from .kernels.decode import head_batched
+    from .kernels.decode.planning import STORY_TILES
     tiles = replace(STORY_TILES, block_h=block_h, source=f"the story's kernel with BLOCK_H={block_h}")
     return lambda x: head_batched.sparse_decode_story(x.q, x.cache, x.indices, sm_scale=512 ** -0.5, tiles=tiles,
                                                       **x.kwargs())
@@ -141,7 +141,7 @@ def recorded_head_block(tiles: pd.DataFrame, decode: pd.DataFrame | None, block_
     """(label, us) of every recorded launch with this BLOCK_H at batch B: the tile sweep's configs of
     the tuned kernel (``tiles``, columns us_B<batch>) and, from the decode table, the story's kernel
     (impl "mma_story") when it ran with this BLOCK_H."""
-    from .planning import STORY_TILES
+    from .kernels.decode.planning import STORY_TILES
     rows = []
     col = f"us_B{B}"
     if col in tiles:
@@ -225,8 +225,8 @@ def _split_check(nsplit, b, H, K, ctx) -> dict:
     import torch
     import triton
 
-    from .kernels import split_k
-    from .planning import launch_for, tile_config
+    from .kernels.decode import split_k
+    from .kernels.decode.planning import launch_for, tile_config
     from .testing import make_decode_inputs
     inp = make_decode_inputs(b, H, K, context=ctx, pad_frac=0.1, topk_len=True, sink=True, seed=100 * b + nsplit)
     cfg = tile_config(H, split=True)
@@ -350,7 +350,7 @@ def recorded_us(decode: pd.DataFrame, impl: str, B: int, col: str = "graph_us") 
 
 def recorded_impls(decode: pd.DataFrame) -> list[str]:
     """Sparse-decode impls with at least one recorded time, in the table's order (the campaign's)."""
-    from .api import impls
+    from .registry import impls
     have = set(decode.dropna(subset=["graph_us"])["impl"]) if "graph_us" in decode else set()
     known = set(impls()) - {"reference"}
     return [i for i in dict.fromkeys(decode["impl"]) if i in have and i in known]
@@ -364,8 +364,8 @@ def live_check(impl: str, B: int, H: int, K: int, block_h: int | None = None) ->
     ``block_h`` (impl "mma_story" only): the heads per program of the story's kernel, instead of
     its BLOCK_H = 32. Returns {"error": message} when the impl cannot run here (no sglang wheel)."""
     from . import reference
-    from .kernels import head_batched, sglang_peer
-    from .planning import STORY_TILES
+    from .kernels.decode import head_batched, sglang_peer
+    from .kernels.decode.planning import STORY_TILES
     from .testing import LSE_TOL, OUT_TOL, check_decode, make_decode_inputs, poisoned, rel_err
     if block_h is not None and impl != "mma_story":
         raise ValueError(f"block_h applies to impl 'mma_story' only, got impl {impl!r}")
@@ -404,7 +404,7 @@ def kernels_vs_floor(decode: pd.DataFrame, ceilings, model, B: int, live_shape=(
     """One row per recorded impl at batch ``B``: its campaign stage, recorded time against the
     floor of ``model``'s work at ``ceilings``, the TFLOP/s that time means, and the impl's live
     check at ``live_shape`` (B, H, K) in this process."""
-    from .api import impl_info
+    from .registry import impl_info
     fl = _decode_floor(model, B, ceilings)
     rows = []
     for impl in recorded_impls(decode):
@@ -421,7 +421,7 @@ def kernels_vs_floor(decode: pd.DataFrame, ceilings, model, B: int, live_shape=(
 def kernel_floor_view(impl, B, live=False, *, decode, ceilings, model, live_shape=(2, 8, 80)):
     """What :func:`explore_kernels_vs_floor` draws for one setting: ``impl``'s recorded time vs
     batch against the floor, its point on the roofline at ``B``, and its live check."""
-    from .api import impl_info
+    from .registry import impl_info
     batches = sorted(int(b) for b in decode["B"].unique())
     floor = pd.Series({b: _decode_floor(model, b, ceilings)["floor_us"] for b in batches})
     fl = _decode_floor(model, B, ceilings)
@@ -448,7 +448,7 @@ def kernel_floor_view(impl, B, live=False, *, decode, ceilings, model, live_shap
     else:
         print(f"the recorded run has no time for {impl} at B={B}")
     if live and mode() == "cuda":
-        from .runs import measure_decode
+        from .bench import measure_decode
         live_us = measure_decode([impl], [B], model, layers=0)["graph_us"].iloc[0]
         print(f"live on this GPU at B={B}: {live_us:.1f} us per call (graph replay)")
     print(_live_line(live_check(impl, *live_shape), impl, live_shape))
@@ -553,8 +553,8 @@ def heads_per_program_view(heads_per_program, B, live=False, *, decode, tiles=No
                                           else f"no whole-row launch with {heads_per_program} heads per program "
                                                f"at B={B} in this run"))
     if live and mode() == "cuda":
-        from .kernels import head_batched
-        from .planning import STORY_TILES
+        from .kernels.decode import head_batched
+        from .kernels.decode.planning import STORY_TILES
         inp = _inputs(B, H, K, context)
         if heads_per_program == 1:
             from .api import sparse_decode
@@ -711,9 +711,10 @@ def _indexer_step_check(B, H, lens, L, k) -> dict:
 
 def time_indexer_step_live(live: int, max_seq_len: int, B: int = 32, H: int = 64, k: int = 512) -> float:
     """Graph-replay time (us) of the Triton indexer step at B requests of ``live`` tokens (GPU)."""
-    from . import api
+    from .registry import impl_info
+    from .stages import stage
     inp = _indexer_inputs(B, H, max_seq_len, min(live, max_seq_len))
-    fn = api.impl_info("indexer_topk", "triton").fn
+    fn = impl_info("indexer_topk", stage("S4").indexer_impl).fn
     return _time_us(lambda: fn(*inp.args(), max_seq_len=max_seq_len, topk=k))
 
 
@@ -807,7 +808,7 @@ def _tiny_step(stage: str, b: int) -> dict:
     import torch
 
     from . import replay
-    from .kernels import sglang_peer
+    from .kernels.decode import sglang_peer
     m = _tiny_model()
     s = replay.stage_for(replay.stage(stage), m.cfg)
     res = dict(stage=stage, B=b, decode=s.decode_impl, indexer=s.indexer_impl, mhc=s.mhc_gemm,
@@ -1115,8 +1116,8 @@ def hopper_batch_view(times: pd.DataFrame, B: int, ceilings, model, budget: list
     mma (and hopper with half the slices) beside the byte and matmul floors, the launch hopper ran
     (slices, tiles a program) and the per-tile model's kernel time for it; then ``auto`` run now at
     a tiny shape and checked against the float64 reference (hopper itself needs an sm_90 GPU)."""
-    from .kernels.auto import on_hopper
-    from .kernels.hopper import BLOCK_N
+    from .kernels.decode.auto import on_hopper
+    from .kernels.decode.hopper import BLOCK_N
     rows = times[times["B"] == B]
     if rows.empty:
         raise ValueError(f"B must be one of the recorded batches {sorted(times['B'].unique())}, got {B!r}")

@@ -1,5 +1,5 @@
-"""The two check modes, the error word, and the checks the contracts table (test_contracts.py) does
-not walk: every impl, both modes."""
+"""The two check modes, the error word, and the checks the bad-input table (test_bad_input.py) does
+not walk: every impl (from the registry), both modes."""
 import math
 
 import pytest
@@ -9,9 +9,10 @@ import dsv4lab
 from dsv4lab import api, errors
 from dsv4lab.cache import pack_index_k, scale_view
 from dsv4lab.errors import DeviceInputError, Flag
-from dsv4lab.testing import OUT_TOL, make_decode_inputs, rel_err
+from dsv4lab import contracts
+from dsv4lab.testing import OUT_TOL, make_decode_inputs, make_merged_decode_inputs, rel_err, runnable_impls
 
-DECODE_IMPLS = ["simt", "mma_story", "mma", "splitk", "splitk_auto", "auto", "sglang", "reference"]
+DECODE_IMPLS = runnable_impls("sparse_decode")
 
 
 @pytest.fixture
@@ -30,12 +31,17 @@ def test_impls_lists_all_stages():
     assert {"reference", "simt", "sglang", "mma", "splitk", "splitk_auto", "auto"} <= set(dsv4lab.impls())
 
 
-def test_modes_and_the_older_spelling():
-    assert api.checks_mode() == "device" and api.checks_mode("sync") == "sync"
-    assert api.checks_mode(check_ranges=True) == "sync" and api.checks_mode(check_ranges=False) == "device"
-    assert api.checks_mode("sync", True) == "sync"
-    with pytest.raises(TypeError, match="check_ranges must be True or False"):
-        api.checks_mode(check_ranges="yes")
+def test_one_spelling_of_checks(inp):
+    """checks="device" or "sync"; the older spellings (check_ranges=, a bool) are refused naming checks=."""
+    assert contracts.checks_mode() == "device" and contracts.checks_mode("sync") == "sync"
+    for bad in (True, False, "yes"):
+        with pytest.raises(ValueError, match=r"checks must be one of \('device', 'sync'\)"):
+            contracts.checks_mode(bad)
+    merged = make_merged_decode_inputs(2, 4, 16, window_context=40)
+    for call in (lambda: dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl="mma", check_ranges=True),
+                 lambda: dsv4lab.flash_mla_sparse_decode(*merged.sglang_args(), impl="mma", check_ranges=False)):
+        with pytest.raises(TypeError, match="check_ranges= is gone: pass checks='sync'"):
+            call()
 
 
 @pytest.mark.parametrize("impl", DECODE_IMPLS)
@@ -91,11 +97,10 @@ def test_entries_past_topk_len_are_never_read_nor_checked(inp):
 
 
 def test_merged_decode_flags_a_sink_without_sync():
-    from dsv4lab.testing import make_merged_decode_inputs
     inp = make_merged_decode_inputs(2, 4, 16, window_context=40)
     args = list(inp.sglang_args())
     args[4] = torch.full((4,), math.nan)                         # attn_sink
-    dsv4lab.flash_mla_sparse_decode(*args, impl="mma", check_ranges=False)
+    dsv4lab.flash_mla_sparse_decode(*args, impl="mma", checks="device")
     assert errors.read() & Flag.SINK
 
 
@@ -142,9 +147,9 @@ def test_scale_byte_limit_follows_the_launch(monkeypatch):
     """The NaN past byte 134 belongs to the launch a shape gets: "bits" has it, "cvt" has none; a tile
     entry's "bits" applies to whole rows, split slices take "cvt". The interpreter never takes "bits"
     (no inline assembly), so the GPU's answer is forced here."""
-    from dsv4lab import planning
-    from dsv4lab.kernels import head_batched as hb
-    from dsv4lab.kernels.common import MAX_SCALE_BYTE
+    from dsv4lab.kernels.decode import planning
+    from dsv4lab.kernels.decode import head_batched as hb
+    from dsv4lab.kernels.decode.kv_tiles import MAX_SCALE_BYTE
     bits = planning.TileConfig(64, 128, 8, 1, dequant="bits", fold_scale=True)
     cvt = planning.TileConfig(16, 64, 8, 1)
     if planning.is_interpret():
@@ -156,8 +161,8 @@ def test_scale_byte_limit_follows_the_launch(monkeypatch):
 
 
 def test_launches_are_planned_once_per_shape_and_follow_the_table(monkeypatch):
-    from dsv4lab import planning
-    from dsv4lab.kernels import split_k
+    from dsv4lab.kernels.decode import planning
+    from dsv4lab.kernels.decode import split_k
     a = split_k.auto_launch(32, 64, 512)
     assert split_k.auto_launch(32, 64, 512) is a                             # cached
     key = (planning.device_key(), "split")

@@ -117,10 +117,10 @@ def test_quantizer_refuses_non_finite_values(dev):
 
 
 def test_e4m3_bit_trick_model_is_exact_for_every_byte():
-    """kernels.common's fp8 -> bf16 integer dequant (its constants, through the numpy model):
+    """kernels.decode.kv_tiles' fp8 -> bf16 integer dequant (its constants, through the numpy model):
     every e4m3 byte but NaN, every scale byte up to MAX_SCALE_BYTE, equals e4m3 * 2^(e-127)."""
     import numpy as np
-    from dsv4lab.kernels.common import MAX_SCALE_BYTE, e4m3_bits_to_bf16_model
+    from dsv4lab.kernels.decode.kv_tiles import MAX_SCALE_BYTE, e4m3_bits_to_bf16_model
     x = np.array([b for b in range(256) if b & 0x7F != 0x7F], dtype=np.uint8)
     want = torch.from_numpy(x).view(torch.float8_e4m3fn).double().numpy()
     for e in range(0, MAX_SCALE_BYTE + 1):

@@ -13,6 +13,7 @@ from dsv4lab import api, concurrency, errors, reference
 from dsv4lab.errors import Flag
 from dsv4lab.testing import (LSE_TOL, OUT_TOL, check_indexer_step, make_decode_inputs, make_indexer_inputs,
                              rel_err)
+from dsv4lab import registry
 
 GPU = dsv4lab.device.mode() == "cuda"
 #: the decode shape of the thread tests: split-K runs 4 slices here on the CPU (2 with "splitk")
@@ -20,13 +21,14 @@ B, H, K = 1, 16, 128
 
 
 def _runs_here(op, impl) -> bool:
-    needs = api.impl_info(op, impl).needs
+    needs = registry.impl_info(op, impl).needs
     if "gpu" in needs and not GPU:
         return False
     if "sglang" in needs:
-        from dsv4lab.kernels import indexer_gemm, sglang_peer
+        from dsv4lab.kernels.decode import sglang_peer
+        from dsv4lab.kernels.indexer import fallback
         try:
-            sglang_peer.module() if op == "sparse_decode" else indexer_gemm.sglang_function()
+            sglang_peer.module() if op == "sparse_decode" else fallback.sglang_function()
         except ImportError:
             return False
     return True
@@ -136,14 +138,14 @@ def test_no_flag_is_lost_to_concurrent_callers():
 
 
 def test_workspaces_are_per_caller_and_fresh_under_capture(monkeypatch):
-    from dsv4lab.kernels import common
-    a = common.reused("test.ws", (4,), torch.float32, "cpu")
-    assert common.reused("test.ws", (4,), torch.float32, "cpu") is a              # the same caller: reused
-    other = _in_threads(lambda: common.reused("test.ws", (4,), torch.float32, "cpu"), [()])[0]
+    from dsv4lab.kernels import buffers
+    a = buffers.reused("test.ws", (4,), torch.float32, "cpu")
+    assert buffers.reused("test.ws", (4,), torch.float32, "cpu") is a              # the same caller: reused
+    other = _in_threads(lambda: buffers.reused("test.ws", (4,), torch.float32, "cpu"), [()])[0]
     assert other.data_ptr() != a.data_ptr()                                       # another thread: its own
     monkeypatch.setattr(concurrency, "stream_key", lambda device: concurrency.CAPTURING)
-    c1 = common.reused("test.ws", (4,), torch.float32, "cpu")
-    c2 = common.reused("test.ws", (4,), torch.float32, "cpu")
+    c1 = buffers.reused("test.ws", (4,), torch.float32, "cpu")
+    c2 = buffers.reused("test.ws", (4,), torch.float32, "cpu")
     assert len({c1.data_ptr(), c2.data_ptr(), a.data_ptr()}) == 3                 # capture: fresh every call
 
 

@@ -89,11 +89,12 @@ def test_rel_err_rejects_nan_and_mismatched_inf():
 def test_poison_catches_unwritten_output(dev):
     """A launch that skips rows must fail the check, not pass on leftover memory."""
     from dsv4lab import reference
-    from dsv4lab.kernels import common, head_batched
+    from dsv4lab.kernels.decode import head_batched
+    from dsv4lab.kernels import buffers, launch
     inp = make_decode_inputs(2, 4, 8, context=16)
     with poisoned():
-        out = common.alloc((2, 4, 512), common.out_dtype(), dev)
-        lse = common.alloc((2, 4), torch.float32, dev)
+        out = buffers.alloc((2, 4, 512), buffers.out_dtype(), dev)
+        lse = buffers.alloc((2, 4), torch.float32, dev)
     # a buggy launch: only batch row 0 is computed
     head_batched.launch(inp.q[:1], inp.cache, inp.indices[:1], None, 512**-0.5, None, out, lse,
                         head_batched.mma_launch(1, 4, 8))
@@ -103,7 +104,7 @@ def test_poison_catches_unwritten_output(dev):
 
 
 def _launch(loop, nsplit=1, fold=False, partials="float32", block_h=16):
-    from dsv4lab.planning import Launch, TileConfig
+    from dsv4lab.kernels.decode.planning import Launch, TileConfig
     return Launch(TileConfig(block_h, 16, 4, 1, "test", loop=loop), nsplit, fold_scale=fold, partials=partials)
 
 
@@ -115,7 +116,7 @@ def test_every_loop_of_the_tuned_kernel(loop, nsplit, fold):
     # may start past topk_len, or hold one partial tile); ``fold``: the softmax scale folded into
     # exp2's FMA (the H200 64-head entry's)
     from dsv4lab import reference
-    from dsv4lab.kernels import split_k
+    from dsv4lab.kernels.decode import split_k
     inp = make_decode_inputs(3, 16, 53, context=200, pad_frac=0.2, topk_len=True, sink=True)
     ro, rl = reference.sparse_decode(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5, **inp.kwargs())
     with poisoned():
@@ -129,8 +130,8 @@ def test_every_loop_of_the_tuned_kernel(loop, nsplit, fold):
 def test_story_kernel_tiles(block_h):
     # the story's stage-2 kernel at several head blocks, heads not a multiple of the block
     from dsv4lab import reference
-    from dsv4lab.kernels import head_batched
-    from dsv4lab.planning import TileConfig
+    from dsv4lab.kernels.decode import head_batched
+    from dsv4lab.kernels.decode.planning import TileConfig
     inp = make_decode_inputs(2, 40, 45, context=120, pad_frac=0.2, topk_len=True, sink=True)
     ro, rl = reference.sparse_decode(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5, **inp.kwargs())
     with poisoned():
@@ -141,12 +142,12 @@ def test_story_kernel_tiles(block_h):
 
 def test_story_launch_is_two_programs_per_request_at_64_heads():
     # the story's C=1 regression: its head-batched grid had H / BLOCK_H = 2 programs at B=1
-    from dsv4lab.planning import STORY_TILES
+    from dsv4lab.kernels.decode.planning import STORY_TILES
     assert -(-64 // STORY_TILES.block_h) == 2
 
 
 def test_split_launch_refuses_a_sink():
-    from dsv4lab.kernels import head_batched, split_k
+    from dsv4lab.kernels.decode import head_batched, split_k
     inp = make_decode_inputs(2, 16, 53, context=200, sink=True)
     o_part, lse_part = split_k.workspace(2, 16, 3, inp.q.device)
     with pytest.raises(ValueError, match="attn_sink.*merge"):
@@ -157,7 +158,7 @@ def test_split_launch_refuses_a_sink():
 def test_bf16_partials(monkeypatch):
     # split-K with bf16 partial outputs (half the workspace bytes): one more rounding, same bound
     from dsv4lab import reference
-    from dsv4lab.kernels import split_k
+    from dsv4lab.kernels.decode import split_k
     inp = make_decode_inputs(2, 16, 70, context=300, pad_frac=0.2, topk_len=True, sink=True)
     ro, rl = reference.sparse_decode(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5, **inp.kwargs())
     import threading
@@ -176,7 +177,7 @@ def test_bf16_partials(monkeypatch):
 def test_combine_launch_shapes(heads, num_warps):
     # the combine launch with several heads per program: the same merge (split_k.merge_partials)
     from dsv4lab import reference
-    from dsv4lab.kernels import head_batched, split_k
+    from dsv4lab.kernels.decode import head_batched, split_k
     inp = make_decode_inputs(2, 12, 70, context=300, pad_frac=0.2, topk_len=True, sink=True)
     inp.topk_len[1] = 0                                          # a row with no token at all
     ro, rl = reference.sparse_decode(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5, **inp.kwargs())
@@ -195,7 +196,7 @@ def test_combine_launch_shapes(heads, num_warps):
 def test_combine_warps_keep_a_slice_row_in_one_thread_group():
     # Triton loads 16 bytes a thread: 4 warps x 32 x 4 fp32 = 512 = one partial row, and for
     # bf16 that takes 2 warps; more warps would spread the slices over warps (a cross-warp sum)
-    from dsv4lab.kernels import split_k
+    from dsv4lab.kernels.decode import split_k
     for dt in (torch.float32, torch.bfloat16):
         w = split_k.combine_warps(dt)
         assert w * 32 * (16 // dt.itemsize) == 512, (dt, w)
@@ -205,7 +206,7 @@ def test_launch_defaults_in_the_interpreter():
     # the interpreter truncates fp32->bf16 casts and runs no PTX: fp32 partials, "cvt", no PDL;
     # a Launch asking for the GPU-only options is refused there, naming them
     from dsv4lab.device import is_interpret
-    from dsv4lab.planning import TILE_TABLE, Launch, launch_for
+    from dsv4lab.kernels.decode.planning import TILE_TABLE, Launch, launch_for
     opts = launch_for(TILE_TABLE[("9.0", "mma")], 4, programs=4)
     if not is_interpret():
         pytest.skip("GPU: the defaults follow the tile entry")
@@ -244,12 +245,12 @@ def test_in_graph_timing_refuses_the_interpreter():
 def test_host_cdiv_and_next_power_of_2_match_triton():
     # the launchers' host arithmetic (kernels.common) gives what triton.cdiv / next_power_of_2 give
     import triton
-    from dsv4lab.kernels import common
+    from dsv4lab.kernels import buffers, launch
     for a in range(0, 200):
         for b in (1, 2, 3, 16, 64, 128):
-            assert common.cdiv(a, b) == triton.cdiv(a, b), (a, b)
+            assert launch.cdiv(a, b) == triton.cdiv(a, b), (a, b)
     for n in list(range(0, 1100)) + [2**20 - 1, 2**20, 2**20 + 1, 262208]:
-        assert common.next_power_of_2(n) == triton.next_power_of_2(n), n
+        assert launch.next_power_of_2(n) == triton.next_power_of_2(n), n
 
 
 @pytest.mark.parametrize("impl", ["simt", "mma_story", "mma", "splitk", "splitk_auto"])
@@ -298,7 +299,7 @@ def test_story_kernel_walks_the_padded_row(impl, dev):
     the tiles up to topk_len. Both match the float64 reference, and an entry past topk_len that points
     past the cache is read as padding and never flagged."""
     from dsv4lab import reference
-    from dsv4lab.planning import STORY_TILES
+    from dsv4lab.kernels.decode.planning import STORY_TILES
     B, H, K = 3, 40, 5 * STORY_TILES.block_n + 7                 # 6 tiles, the last partial; 2 head blocks
     inp = make_decode_inputs(B, H, K, context=300, pad_frac=0.1, sink=True)
     inp.topk_len = torch.tensor([3, 0, STORY_TILES.block_n + 1], dtype=torch.int32, device=dev)

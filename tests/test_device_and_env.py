@@ -80,7 +80,7 @@ def test_sglang_layout_cross_check_page_sizes():
 def test_missing_sglang_says_how_to_install(monkeypatch):
     import importlib.util
 
-    from dsv4lab.kernels import sglang_peer
+    from dsv4lab.kernels.decode import sglang_peer
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "sglang" else real(n, *a))
     with pytest.raises(sglang_peer.SGLangMissing, match="pip install --no-deps sglang==0.5.23"):

@@ -1,6 +1,7 @@
-"""experiments/: every A/B study has a README, its data and its script; the scripts that run on the
-current package run in their CPU smoke mode (tiny shapes, Triton's interpreter, no timings), the
-ones kept for deleted variants say which commit of main's history they run at."""
+"""experiments/: every A/B study has a README, its data and, where its script still runs on the current
+package, the script; every script runs here in its CPU smoke mode (tiny shapes, Triton's interpreter, no
+timings). A study whose script no longer runs keeps its README and data, and the README names the commit
+of main's history that holds the script. No other test imports from experiments/."""
 import importlib.util
 import json
 import os
@@ -15,11 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXP = ROOT / "experiments"
 FOLDERS = sorted(p for p in EXP.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
 SCRIPTS = sorted(EXP.glob("*/*.py"))
-#: first line of a script kept for variants the package no longer has (the commit is in main's history)
-AT_COMMIT = re.compile(r"# Runs at commit ([0-9a-f]{40}) as (tools|experiments/\w+)/\w+\.py, not on the current package")
-#: first line of a script kept only as the record of how its data was made (its variant is gone)
-RECORD = re.compile(r"# Kept as a record: .* it does not run on the current package")
-#: runnable scripts -> the arguments after OUT.json of their smoke run (None: no JSON of its own)
+#: the scripts -> the arguments after OUT.json of their smoke run
 RUNNABLE = {
     "batch1_split_k_speedup/b1_ratio.py": [],
     "combine_launch_shape/combine_shape.py": [],
@@ -49,6 +46,8 @@ RUNNABLE = {
 }
 #: run in a process of their own: they compile (DSV4LAB_MODE=compile) instead of interpreting
 COMPILE_MODE = ("compiler_resource_report/resources.py", "other_gpus_compile/sm120_tiles.py")
+#: run by another script's smoke run (ncu's target: stall_profile.py's smoke run runs it once)
+RUN_BY = {"stall_reasons/profile_decode.py": "stall_reasons/stall_profile.py"}
 
 
 def rel(p: Path) -> str:
@@ -71,13 +70,11 @@ def check_smoke_json(path: Path, question: str):
         assert row.get("ok", True) is True, row
 
 
-def test_every_script_is_runnable_or_kept_at_a_commit():
+def test_every_script_runs_in_the_smoke_test():
     for path in SCRIPTS:
-        first = path.read_text().splitlines()[0]
-        assert (rel(path) in RUNNABLE or rel(path) in (*COMPILE_MODE, "stall_reasons/profile_decode.py")
-                or AT_COMMIT.match(first) or RECORD.match(first)), \
-            f"{rel(path)}: neither a smoke-tested script nor kept at a commit nor marked as a record"
-    for name in [*RUNNABLE, *COMPILE_MODE]:
+        assert rel(path) in (*RUNNABLE, *COMPILE_MODE, *RUN_BY), \
+            f"{rel(path)}: not smoke-tested; a script that no longer runs leaves the tree (its README names the commit)"
+    for name in [*RUNNABLE, *COMPILE_MODE, *RUN_BY]:
         assert (EXP / name).exists(), name
 
 
@@ -87,19 +84,6 @@ def test_script_smoke_run(name, tmp_path):
     out = tmp_path / "out.json"
     mod.main([str(out), "--cpu-smoke", *RUNNABLE[name]])
     check_smoke_json(out, name.split("/")[0])
-
-
-def test_ncu_target_smoke_run():
-    out, lse = load(EXP / "stall_reasons/profile_decode.py").target("mma", 2, "16,16,4,1,registers", smoke=True)
-    assert out.shape == (2, 4, 512) and bool(out.float().isfinite().all())
-
-
-def test_stall_summary_from_ncu_csv():
-    sp = load(EXP / "stall_reasons/stall_profile.py")
-    row = sp.summarize(sp.SAMPLE_SOURCE, sp.SAMPLE_DETAILS, "64,128,8,1,l2_hint", 128)
-    assert row["stall_share"] == pytest.approx({"long_sb": 6 / 13, "barrier": 5 / 13, "wait": 2 / 13}, abs=1e-4)
-    assert row["stall_by_opcode"] == pytest.approx({"LDG": 7 / 13, "HGMMA": 3 / 13, "WARPGROUP": 3 / 13}, abs=1e-4)
-    assert row["hot_sass"][0]["sass"].startswith("LDG") and row["duration_us"] == 65.89 and row["registers"] == 255
 
 
 @pytest.mark.parametrize("name", COMPILE_MODE)
@@ -123,10 +107,6 @@ def test_readme_names_its_files_and_how_to_rerun(folder):
     for f in folder.rglob("*"):
         if f.is_file() and f.name != "README.md" and "__pycache__" not in f.parts:
             assert f.relative_to(folder).as_posix() in text, f"{folder.name}/README.md does not name {f.name}"
-    for path in folder.glob("*.py"):
-        m = AT_COMMIT.match(path.read_text().splitlines()[0])
-        if m:                                 # a kept script: its README says how to check out the commit
-            assert f"git checkout {m.group(1)}" in text, f"{folder.name}/README.md: no 'git checkout {m.group(1)}'"
     # tags do not travel with a clone: a README checks out commits
     assert not re.findall(r"git checkout (?![0-9a-f]{40}\b)\S+", text), f"{folder.name}: check out a full commit hash"
 

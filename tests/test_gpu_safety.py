@@ -15,6 +15,7 @@ from dsv4lab.cache import scale_view
 from dsv4lab.errors import Flag
 from dsv4lab.testing import (LSE_TOL, OUT_TOL, make_decode_inputs, make_indexer_inputs, make_merged_decode_inputs,
                              rel_err)
+from dsv4lab import registry
 
 pytestmark = pytest.mark.gpu
 
@@ -22,11 +23,12 @@ GPU = dsv4lab.device.mode() == "cuda"
 
 
 def _available(op, impl) -> bool:
-    if "sglang" not in api.impl_info(op, impl).needs:
+    if "sglang" not in registry.impl_info(op, impl).needs:
         return True
-    from dsv4lab.kernels import indexer_gemm, sglang_peer
+    from dsv4lab.kernels.decode import sglang_peer
+    from dsv4lab.kernels.indexer import fallback
     try:
-        sglang_peer.module() if op == "sparse_decode" else indexer_gemm.sglang_function()
+        sglang_peer.module() if op == "sparse_decode" else fallback.sglang_function()
     except ImportError:
         return False
     return True
@@ -36,7 +38,7 @@ def _graph_safe(op):
     """The impls of ``op`` that capture in a CUDA graph (and whose code this machine has)."""
     if not GPU:
         return ["-"]
-    return [i for i in dsv4lab.impls(op) if api.impl_info(op, i).graph_safe and _available(op, i)]
+    return [i for i in dsv4lab.impls(op) if registry.impl_info(op, i).graph_safe and _available(op, i)]
 
 
 @contextlib.contextmanager
@@ -152,7 +154,7 @@ def test_decode_error_word_eager_and_replayed(impl):
 def test_bits_dequant_past_byte_134_is_nan_and_flagged():
     """The "bits" launch (64-head tiles, B = 136) reads a scale byte 140 as a NaN factor: the row that
     reads it is NaN, every other row right, and the output check flags it; checks="sync" names it."""
-    from dsv4lab.kernels import head_batched
+    from dsv4lab.kernels.decode import head_batched
     inp = make_decode_inputs(136, 64, 512, context=1024, seed=9)
     assert head_batched.max_scale_byte(head_batched.mma_launch(136, 64, 512)) is not None, "not a bits launch"
     tok = int(inp.indices[0, 0])
@@ -187,24 +189,25 @@ def test_indexer_error_word_replayed(impl):
 def test_direct_launch_equals_triton_launch_and_misaligned_takes_triton_path():
     """launch_kernel's direct path gives Triton's answers bitwise, and a q 2 bytes past a 16-byte
     boundary takes Triton's path (which specializes on 16-byte alignment), with the same answers."""
-    from dsv4lab.kernels import common, head_batched
+    from dsv4lab.kernels.decode import head_batched
+    from dsv4lab.kernels import launch
     inp = make_decode_inputs(32, 64, 512, context=4096, seed=3)
     run = lambda q: dsv4lab.sparse_decode(q, inp.cache, inp.indices, impl="mma")  # noqa: E731
-    with common.triton_launches():
+    with launch.triton_launches():
         want = run(inp.q)
     for _ in range(3):                                  # the first may compile; the rest go direct
         got = run(inp.q)
         assert all(torch.equal(a, b) for a, b in zip(want, got))
     import triton
-    hits = [h for h in common._LAUNCHES.values() if h[1] is head_batched._head_batched_kernel]
+    hits = [h for h in launch._LAUNCHES.values() if h[1] is head_batched._head_batched_kernel]
     # on a Triton whose wrapper was read, the C launch itself (not compiled.run) gave those answers
-    c_launch = triton.__version__.startswith(common.C_LAUNCH_TRITON)
+    c_launch = triton.__version__.startswith(launch.C_LAUNCH_TRITON)
     assert hits and all((h[4] is not h[2].run) == c_launch for h in hits)
     buf = torch.empty(inp.q.numel() + 1, dtype=inp.q.dtype, device=inp.q.device)
     q_odd = buf[1:].view(inp.q.shape)
     q_odd.copy_(inp.q)
     assert q_odd.data_ptr() % 16 != 0 and q_odd.is_contiguous()
-    cached = lambda: sum(hit[1] is head_batched._head_batched_kernel for hit in common._LAUNCHES.values())  # noqa: E731
+    cached = lambda: sum(hit[1] is head_batched._head_batched_kernel for hit in launch._LAUNCHES.values())  # noqa: E731
     before = cached()
     assert before >= 1
     for _ in range(2):                                  # Triton's path, specialized for the misaligned q
@@ -213,7 +216,7 @@ def test_direct_launch_equals_triton_launch_and_misaligned_takes_triton_path():
     assert cached() == before                           # never cached for the direct path
     inp_i = make_indexer_inputs(4, 64, 4096, seq_lens=[1, 700, 4096, 2049], seed=5)
     step = lambda: dsv4lab.indexer_topk(*inp_i.args(), max_seq_len=4096, topk=512, impl="triton")  # noqa: E731
-    with common.triton_launches():
+    with launch.triton_launches():
         want_i = step()
     for _ in range(3):
         assert torch.equal(step(), want_i)
@@ -227,7 +230,7 @@ def test_direct_launch_equals_triton_launch_and_misaligned_takes_triton_path():
 def test_topk_splits_on_the_gpu_are_the_contract_bitwise_and_graph_safe(split, merge, histogram):
     """Each top-k split on the GPU: the contract's positions on indexer logits of random lengths
     (empty, shorter than k, one tile, two tiles), bitwise over 20 reruns and in a replayed graph."""
-    from dsv4lab.kernels.topk import TOPK, topk_triton
+    from dsv4lab.kernels.indexer.topk import TOPK, topk_triton
     from dataclasses import replace
     inp = make_indexer_inputs(32, 64, 16384, seq_lens=[0, 1, 511, 512, 513] + [8192] * 20 + [16384] * 7, seed=8)
     x = dsv4lab.indexer_logits(*inp.args(), max_seq_len=16384, impl="triton")
@@ -271,7 +274,7 @@ def test_topk_on_hard_rows_and_replayed_on_new_data(tile, split, merge, histogra
     """The top-k's launches on the GPU on rows that miss either anchor, ties across chunk edges,
     chunks longer than their tile, empty and short rows: the contract at several k, bitwise over
     reruns, and one captured graph replayed on other rows and lengths."""
-    from dsv4lab.kernels.topk import TopkLaunch, topk_triton
+    from dsv4lab.kernels.indexer.topk import TopkLaunch, topk_triton
     launch = TopkLaunch(tile=tile, split=split, merge=merge, histogram=histogram, num_warps=warps)
     x, n = _hard_rows(3000, 3)
     x, n = x.cuda(), n.cuda()

@@ -10,12 +10,13 @@ import torch
 import dsv4lab
 from dsv4lab import api, bench, checks
 from dsv4lab.device import mode
-from dsv4lab.kernels import auto, hopper, split_k
-from dsv4lab.testing import LSE_TOL, OUT_TOL, check_decode, make_decode_inputs, poisoned
+from dsv4lab.kernels.decode import auto, hopper, split_k
+from dsv4lab.testing import LSE_TOL, OUT_TOL, check_decode, make_decode_inputs, poisoned, probe
+from dsv4lab import registry
 
 
 def test_registered_with_what_it_needs():
-    entry = api.impl_info("sparse_decode", "hopper")
+    entry = registry.impl_info("sparse_decode", "hopper")
     assert set(entry.needs) == {"gpu", "sm_90"}
     assert entry.max_scale_byte(1, 64, 512) == 134           # the "bits" dequant's limit, checked by the API
 
@@ -30,7 +31,7 @@ def test_refuses_without_a_gpu_naming_what_it_needs():
 
 @pytest.mark.skipif(mode() == "cuda", reason="the refusal is for processes without a GPU")
 def test_probe_reports_what_the_child_process_said():
-    got = hopper.probe(timeout_s=120)
+    got = probe("hopper", timeout_s=120)
     assert got["ok"] is False and "sm_90" in got["error"]
 
 
@@ -47,7 +48,7 @@ def test_auto_never_dispatches_to_hopper_where_it_cannot_run(monkeypatch):
         pytest.skip("this process runs the Hopper kernel")
     def tripwire(*a, **k):
         raise AssertionError("auto reached the hopper kernel")
-    table = api._IMPLS["sparse_decode"]
+    table = registry._IMPLS["sparse_decode"]
     monkeypatch.setitem(table, "hopper", replace(table["hopper"], fn=tripwire))
     monkeypatch.setattr(hopper, "launch", tripwire)
     monkeypatch.setattr(hopper, "sparse_decode_hopper", tripwire)
@@ -87,9 +88,9 @@ def test_auto_runs_what_its_rule_picks(monkeypatch):
             e_out, e_lse = check_decode("auto", inp)
             assert e_out <= OUT_TOL and e_lse <= LSE_TOL
         assert calls == [(8, ["attn_sink", "sm_scale", "topk_len"])]          # only B = 8 at K = 512
-        info = api.impl_info("sparse_decode", "auto")
+        info = registry.impl_info("sparse_decode", "auto")
         assert info.max_scale_byte(8, 64, 512) == hopper.MAX_SCALE_BYTE
-        assert info.max_scale_byte(7, 64, 512) == api.impl_info("sparse_decode", "splitk_auto").max_scale_byte(7, 64, 512)
+        assert info.max_scale_byte(7, 64, 512) == registry.impl_info("sparse_decode", "splitk_auto").max_scale_byte(7, 64, 512)
     finally:
         auto.picks_hopper.cache_clear()
 
@@ -105,7 +106,7 @@ def test_nsplit_covers_the_sms_once(B, K, want):
 
 
 def test_pdl_where_the_split_grid_leaves_half_the_sms_idle(monkeypatch):
-    from dsv4lab import planning
+    from dsv4lab.kernels.decode import planning
     monkeypatch.setattr(planning, "pdl_supported", lambda: True)
     assert hopper.pdl_for(1, 64, 8, 132) and hopper.pdl_for(8, 64, 8, 132)
     assert not hopper.pdl_for(16, 64, 8, 132) and not hopper.pdl_for(1, 64, 1, 132)
@@ -117,9 +118,9 @@ def test_pdl_where_the_split_grid_leaves_half_the_sms_idle(monkeypatch):
 
 @pytest.fixture(scope="module")
 def runs_at_all():
-    """One small decode in a child process first (hopper.probe): if the kernel hangs or faults,
+    """One small decode in a child process first (testing.probe): if the kernel hangs or faults,
     every test here fails at once instead of hanging the GPU test run."""
-    got = hopper.probe()
+    got = probe("hopper")
     if "error" in got:
         pytest.fail(f"impl 'hopper' did not run: {got['error']}")
     return got
@@ -181,11 +182,12 @@ def test_auto_on_the_gpu(B, runs_at_all, monkeypatch):
 
 def test_bytes_served_count_the_heads_of_the_kernel_auto_runs(monkeypatch):
     """bench's bytes served per call: auto reads as the kernel it runs (64 heads a gather for hopper)."""
-    assert bench.heads_per_read("hopper", 64, 8) == 64 and bench.heads_per_read("hopper", 16, 8) == 16
-    assert bench.heads_per_read("auto", 64, 1) == bench.heads_per_read("splitk_auto", 64, 1)
+    heads = lambda impl, H, B: registry.impl_info("sparse_decode", impl).heads_per_read(B, H, 512)  # noqa: E731
+    assert heads("hopper", 64, 8) == 64 and heads("hopper", 16, 8) == 16
+    assert heads("auto", 64, 1) == heads("splitk_auto", 64, 1)
     monkeypatch.setattr(auto, "hopper_here", lambda: True)
     auto.picks_hopper.cache_clear()
     try:
-        assert bench.heads_per_read("auto", 64, 8) == 64
+        assert heads("auto", 64, 8) == 64
     finally:
         auto.picks_hopper.cache_clear()

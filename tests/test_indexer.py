@@ -1,26 +1,18 @@
-"""The indexer stages (4: the torch GEMM paths, 5: the Triton indexer) against the float64 reference."""
+"""The indexer of every stage (S0-S3: the torch GEMM paths, S4: the Triton indexer) against the float64
+reference: every registered impl this process can run (the registry's tag "exact": the tight bound)."""
 import pytest
 import torch
 
 import dsv4lab
 from dsv4lab import reference
-from dsv4lab.testing import (INDEXER_EXACT, INDEXER_TOL, check_indexer, indexer_tol, make_indexer_inputs, poisoned,
-                             rel_err, topk_recall)
+from dsv4lab.registry import impl_info
+from dsv4lab.testing import (INDEXER_TOL, check_indexer, indexer_tol, make_indexer_inputs, poisoned, rel_err,
+                             runnable_impls, topk_recall)
 
-EXACT = list(INDEXER_EXACT)
-ROUNDED = ["torch_bf16", "sglang"]        # the bmm in bf16: SGLang's path and the lab's copy of it
-
-
-def _impls():
-    try:
-        from dsv4lab.kernels import indexer_gemm
-        indexer_gemm.sglang_indexer_file()
-        return EXACT + ROUNDED
-    except ImportError:
-        return EXACT + ["torch_bf16"]
+IMPLS = [i for i in runnable_impls("indexer_logits") if i != "reference"]
 
 
-@pytest.mark.parametrize("impl", _impls())
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("case", [
     dict(B=4, H=64, max_seq_len=300, seq_lens=[0, 1, 64, 300]),        # empty row, one token, one full page, max
     dict(B=3, H=4, max_seq_len=129, seq_lens=[65, 128, 129]),           # page boundaries; max not a multiple of 64
@@ -32,7 +24,7 @@ def test_indexer_against_reference(impl, case):
     inp = make_indexer_inputs(case["B"], case["H"], case["max_seq_len"], seq_lens=case["seq_lens"], seed=7)
     err, recall = check_indexer(impl, inp, topk=64)
     assert err <= indexer_tol(impl), (impl, err)
-    assert recall >= (1.0 if impl in EXACT else 0.99), (impl, recall)
+    assert recall >= (1.0 if "exact" in impl_info("indexer_logits", impl).tags else 0.99), (impl, recall)
 
 
 def test_logits_are_minus_inf_exactly_past_each_seq_len():
@@ -48,11 +40,11 @@ def test_logits_are_minus_inf_exactly_past_each_seq_len():
 def test_any_grid_gives_the_same_logits(nprog, prefetch):
     # the grid is fixed per shape (graph-safe): one program walking every live page, or more
     # programs than live pages, must give the same answer
-    from dsv4lab.kernels import indexer
+    from dsv4lab.kernels.indexer import triton_indexer
     inp = make_indexer_inputs(2, 8, 400, seq_lens=[130, 5], seed=4)
     ref = reference.indexer_logits(*inp.args(), 400)
     with poisoned():
-        out = indexer.logits_triton(*inp.args(), 400, nprog=nprog, prefetch=prefetch)
+        out = triton_indexer.logits_triton(*inp.args(), 400, nprog=nprog, prefetch=prefetch)
     assert rel_err(out, ref) <= INDEXER_TOL
 
 
@@ -79,7 +71,7 @@ def test_strided_and_numpy_arguments():
 
 def test_triton_indexer_refuses_what_it_would_round():
     # fp32 / fp16 q would be rounded to bf16 for the tensor cores on a GPU: refused, not silently rounded
-    from dsv4lab.kernels import indexer
+    from dsv4lab.kernels.indexer import triton_indexer
     inp = make_indexer_inputs(1, 16, 64, seq_lens=[10], seed=6, q_dtype=torch.float32)
     with pytest.raises(TypeError, match="bfloat16 or float8_e4m3fn"):
         dsv4lab.indexer_logits(*inp.args(), max_seq_len=64, impl="triton")
@@ -87,7 +79,7 @@ def test_triton_indexer_refuses_what_it_would_round():
                    reference.indexer_logits(*inp.args(), 64)) <= INDEXER_TOL
     inp = make_indexer_inputs(1, 16, 64, seq_lens=[10], seed=6)
     with pytest.raises(ValueError, match="nprog must be >= 1"):
-        indexer.logits_triton(*inp.args(), 64, nprog=0)
+        triton_indexer.logits_triton(*inp.args(), 64, nprog=0)
 
 
 def test_topk_recall_counts_ties():

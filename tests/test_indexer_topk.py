@@ -9,13 +9,13 @@ import torch
 
 import dsv4lab
 from dsv4lab import errors, reference
-from dsv4lab.kernels import indexer
-from dsv4lab.kernels.indexer import LogitsLaunch
-from dsv4lab.kernels.topk import TopkLaunch, split_for, topk_triton
+from dsv4lab.kernels.indexer import triton_indexer
+from dsv4lab.kernels.indexer.triton_indexer import LogitsLaunch
+from dsv4lab.kernels.indexer.topk import TopkLaunch, split_for, topk_triton
 from dsv4lab.testing import INDEXER_TOL, check_indexer, make_indexer_inputs, poisoned, rel_err, topk_recall
 
 SMALL = TopkLaunch(tile=64)             # rows longer than a tile: the streamed path
-TOPK = dsv4lab.api.impl_info("indexer_topk", "triton").fn        # no API checks: what a captured graph runs
+TOPK = dsv4lab.registry.impl_info("indexer_topk", "triton").fn        # no API checks: what a captured graph runs
 
 
 def _topk(logits, seq_lens, k, launch=None):
@@ -244,7 +244,7 @@ def _step_ref(inp, k):
     """The float64 reference's logits and the contract's selection on the kernel's own logits."""
     ref = reference.indexer_logits(*inp.args(), inp.max_seq_len)
     with poisoned():
-        logits = indexer.logits_triton(*inp.args(), inp.max_seq_len)
+        logits = triton_indexer.logits_triton(*inp.args(), inp.max_seq_len)
     return ref, reference.topk_positions(logits, k)
 
 
@@ -269,7 +269,7 @@ def test_step_writes_and_reads_live_pages_only():
     # without the fill, positions past each row's live pages keep what the buffer held (NaN when poisoned)
     inp = make_indexer_inputs(3, 16, 1000, seq_lens=[1000, 70, 0], seed=4)
     with poisoned():
-        out = indexer.logits_triton(*inp.args(), 1000, fill_dead=False)
+        out = triton_indexer.logits_triton(*inp.args(), 1000, fill_dead=False)
     assert torch.isnan(out[1, 128:]).all() and torch.isnan(out[2]).all()
     assert torch.isneginf(out[1, 70:128]).all() and torch.isfinite(out[0]).all()
 
@@ -298,8 +298,8 @@ def test_a_bad_live_page_id_is_never_read(prefetch, split, merge):
     inp.page_table[2, 1] = 2**31 - 1
     errors.read()
     with poisoned():
-        out = indexer.logits_triton(*inp.args(), 400, launch=LogitsLaunch(prefetch=prefetch))
-        top = indexer.topk_step(*inp.args(), 400, 40, launch=LogitsLaunch(prefetch=prefetch),
+        out = triton_indexer.logits_triton(*inp.args(), 400, launch=LogitsLaunch(prefetch=prefetch))
+        top = triton_indexer.topk_step(*inp.args(), 400, 40, launch=LogitsLaunch(prefetch=prefetch),
                                 topk_launch=TopkLaunch(tile=256, split=split, merge=merge))
     assert errors.read() == errors.Flag.PAGE
     bad = torch.zeros(3, 400, dtype=torch.bool)
@@ -324,7 +324,7 @@ def _next_step(inp, seed, gen):
 def test_one_launch_shape_across_steps():
     # a captured graph replays one launch (same grid, same buffers) on each step's data
     inp = make_indexer_inputs(3, 16, 512, seq_lens=[512, 512, 512], seed=7)
-    g = indexer.grid(3, 512)
+    g = triton_indexer.grid(3, 512)
     gen = torch.Generator().manual_seed(8)
     for step in range(3):
         _next_step(inp, 20 + step, gen)
@@ -334,7 +334,7 @@ def test_one_launch_shape_across_steps():
         with poisoned():
             assert torch.equal(TOPK(*inp.args(), max_seq_len=512, topk=64), want)
         assert topk_recall(want, reference.topk_indices(ref, 64), ref) == 1.0
-        assert indexer.grid(3, 512) == g
+        assert triton_indexer.grid(3, 512) == g
 
 
 def test_strided_views_and_the_empty_batch():
@@ -380,7 +380,7 @@ def test_logits_launch_variants_are_exact(launch):
     ref = reference.indexer_logits(*inp.args(), 400)
     for nprog in (1, 3):
         with poisoned():
-            out = indexer.logits_triton(*inp.args(), 400, nprog=nprog, launch=launch)
+            out = triton_indexer.logits_triton(*inp.args(), 400, nprog=nprog, launch=launch)
         assert rel_err(out, ref) <= INDEXER_TOL
 
 
@@ -425,7 +425,7 @@ def test_the_step_guards_its_inputs_without_the_guard_launch(monkeypatch):
     # impl="triton" clamps seq_lens and cuts at a bad live page id in its own kernels, flagging both:
     # the API runs it without kernels.guards.sanitize_indexer (one launch fewer, eager and in a graph)
     from dsv4lab.kernels import guards
-    assert dsv4lab.api.impl_info("indexer_topk", "triton").guards_inputs
+    assert dsv4lab.registry.impl_info("indexer_topk", "triton").guards_inputs
     inp = make_indexer_inputs(2, 8, 256, seq_lens=[256, 200], seed=13)
     ref, _ = _step_ref(inp, 24)
     inp.seq_lens[0] = 9999
@@ -446,7 +446,7 @@ def test_the_step_guards_its_inputs_without_the_guard_launch(monkeypatch):
 def test_shared_histograms_only_where_every_key_has_one_thread():
     # a tile smaller than a program's threads is held twice over, and each copy's atomic would
     # count: such launches, and the interpreter, count by ballots
-    from dsv4lab.kernels.topk import counts_in_shared
+    from dsv4lab.kernels.indexer.topk import counts_in_shared
     shared = TopkLaunch(histogram="shared", num_warps=8)
     assert counts_in_shared(shared, (2048, 2048), interpret=False)
     assert not counts_in_shared(shared, (128, 2048), interpret=False)
@@ -513,7 +513,7 @@ def test_what_a_prepared_step_does_not_repeat(monkeypatch):
     call(args[0].transpose(0, 1).contiguous().transpose(0, 1), *args[1:])   # q not contiguous
     assert not dsv4lab.api.prepared_calls()
     assert torch.equal(call(*args), want) and len(dsv4lab.api.prepared_calls()) == 1
-    real_checks = dsv4lab.api.check_indexer_args
+    real_checks = dsv4lab.contracts.check_indexer_args
     _refuse_checks(monkeypatch)
     assert torch.equal(call(*args), want)
     # poisoned outputs, and another cache object with the same shapes, take the full path

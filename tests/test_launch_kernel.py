@@ -1,11 +1,11 @@
-"""kernels.common.launch_kernel's cache, on a stand-in kernel (the interpreter always takes Triton's
+"""kernels.launch.launch_kernel's cache, on a stand-in kernel (the interpreter always takes Triton's
 own path, so the direct path is driven here with is_interpret patched off; the GPU test in
 test_gpu_safety.py runs it on real kernels)."""
 import types
 
 import torch
 
-from dsv4lab.kernels import common
+from dsv4lab.kernels import launch
 
 
 class FakeCompiled:
@@ -32,16 +32,16 @@ class FakeKernel:
 
 
 def _direct(monkeypatch):
-    monkeypatch.setattr(common, "is_interpret", lambda: False)
-    monkeypatch.setattr(common, "_DRIVER", [lambda: 0, lambda device: 99])
-    monkeypatch.setattr(common, "_LAUNCHES", {})
+    monkeypatch.setattr(launch, "is_interpret", lambda: False)
+    monkeypatch.setattr(launch, "_DRIVER", [lambda: 0, lambda device: 99])
+    monkeypatch.setattr(launch, "_LAUNCHES", {})
 
 
 def test_second_call_goes_direct_with_constexpr_tail(monkeypatch):
     _direct(monkeypatch)
     k, consts, x, y = FakeKernel(), {"A": 3, "num_warps": 4}, torch.zeros(8), torch.ones(8)
-    common.launch_kernel(k, (2,), (x,), (32,), consts)
-    common.launch_kernel(k, (2,), (y,), (32,), consts)         # another tensor, same signature
+    launch.launch_kernel(k, (2,), (x,), (32,), consts)
+    launch.launch_kernel(k, (2,), (y,), (32,), consts)         # another tensor, same signature
     assert len(k.slow) == 1
     (call,) = k.compiled.calls
     assert call[:9] == (2, 1, 1, 99, "fn", "meta", None, None, None)
@@ -52,7 +52,7 @@ def test_signature_change_takes_triton_path(monkeypatch):
     _direct(monkeypatch)
     k, consts = FakeKernel(), {"A": 3}
     buf = torch.zeros(16)
-    common.launch_kernel(k, (1,), (buf,), (16,), consts)
+    launch.launch_kernel(k, (1,), (buf,), (16,), consts)
     for t, n in ((buf[1:], 16),        # 4 bytes past the alignment (always Triton's path)
                  (buf, 1),             # an int equal to 1
                  (buf, 17),            # an int not a multiple of 16
@@ -61,25 +61,25 @@ def test_signature_change_takes_triton_path(monkeypatch):
                  (buf, True),          # a bool
                  (buf.double(), 16)):  # another dtype
         before = len(k.slow)
-        common.launch_kernel(k, (1,), (t,), (n,), consts)
+        launch.launch_kernel(k, (1,), (t,), (n,), consts)
         assert len(k.slow) == before + 1, (t, n)
-    common.launch_kernel(k, (1,), (buf,), (16,), consts)        # the first call's signature
-    common.launch_kernel(k, (1,), (buf,), (16,), dict(consts))  # an equal but new dict: Triton's path
-    common.launch_kernel(k, (4,), (buf,), (16,), consts)        # another grid
-    common.launch_kernel(k, (1,), (buf[1:],), (16,), consts)    # misaligned again: never cached
+    launch.launch_kernel(k, (1,), (buf,), (16,), consts)        # the first call's signature
+    launch.launch_kernel(k, (1,), (buf,), (16,), dict(consts))  # an equal but new dict: Triton's path
+    launch.launch_kernel(k, (4,), (buf,), (16,), consts)        # another grid
+    launch.launch_kernel(k, (1,), (buf[1:],), (16,), consts)    # misaligned again: never cached
     assert len(k.slow) == 11
 
 
 def test_triton_launches_block_and_interpreter_take_triton_path(monkeypatch):
     k, consts = FakeKernel(), {"A": 1}
     for _ in range(2):
-        common.launch_kernel(k, (1,), (torch.zeros(4),), (16,), consts)   # CPU: the interpreter's mode
+        launch.launch_kernel(k, (1,), (torch.zeros(4),), (16,), consts)   # CPU: the interpreter's mode
     assert len(k.slow) == 2
     _direct(monkeypatch)
-    with common.triton_launches():
+    with launch.triton_launches():
         for _ in range(2):
-            common.launch_kernel(k, (1,), (torch.zeros(4),), (16,), consts)
-    assert len(k.slow) == 4 and common._DIRECT[0]
+            launch.launch_kernel(k, (1,), (torch.zeros(4),), (16,), consts)
+    assert len(k.slow) == 4 and launch._DIRECT[0]
 
 
 class Recorder:
@@ -116,9 +116,9 @@ def test_known_triton_calls_the_c_launch_and_others_the_wrapper(monkeypatch):
             return call
 
     k, consts, x = Kernel(), {"A": 3}, torch.zeros(8)
-    monkeypatch.setattr(common, "C_LAUNCH_TRITON", (common.triton.__version__,))
-    common.launch_kernel(k, (2,), (x,), (32,), consts)
-    common.launch_kernel(k, (2,), (x,), (32,), consts)
+    monkeypatch.setattr(launch, "C_LAUNCH_TRITON", (launch.triton.__version__,))
+    launch.launch_kernel(k, (2,), (x,), (32,), consts)
+    launch.launch_kernel(k, (2,), (x,), (32,), consts)
     (call,) = k.compiled.run.launch.calls
     assert not k.compiled.run.wrapped
     # grid, stream, function, cooperative, pdl, two scratch buffers, metadata, three Nones, arguments
@@ -126,12 +126,12 @@ def test_known_triton_calls_the_c_launch_and_others_the_wrapper(monkeypatch):
     assert call[13] is x and call[14:] == (32, 3, 7)
 
     # a Triton whose wrapper was not read, or a kernel that needs scratch memory: the wrapper
-    for patch in (("C_LAUNCH_TRITON", ("0.0.",)), ("C_LAUNCH_TRITON", (common.triton.__version__,))):
-        monkeypatch.setattr(common, *patch)
-        monkeypatch.setattr(common, "_LAUNCHES", {})
+    for patch in (("C_LAUNCH_TRITON", ("0.0.",)), ("C_LAUNCH_TRITON", (launch.triton.__version__,))):
+        monkeypatch.setattr(launch, *patch)
+        monkeypatch.setattr(launch, "_LAUNCHES", {})
         monkeypatch.setattr(CudaLauncher, "global_scratch_size", 0 if patch[1][0] == "0.0." else 64)
-        common.launch_kernel(k, (2,), (x,), (32,), consts)
-        common.launch_kernel(k, (2,), (x,), (32,), consts)
+        launch.launch_kernel(k, (2,), (x,), (32,), consts)
+        launch.launch_kernel(k, (2,), (x,), (32,), consts)
         (call,) = k.compiled.run.wrapped
         assert not k.compiled.run.launch.calls
         assert call[:9] == (2, 1, 1, 99, "fn", "meta", None, None, None) and call[9] is x
@@ -141,41 +141,41 @@ def test_a_launch_hook_takes_triton_path(monkeypatch):
     # the direct path passes no hooks: with an enter or an exit hook installed, Triton's path runs them
     _direct(monkeypatch)
     k, consts, x = FakeKernel(), {"A": 1}, torch.zeros(4)
-    common.launch_kernel(k, (1,), (x,), (16,), consts)
-    for chain in (common.triton.knobs.runtime.launch_enter_hook, common.triton.knobs.runtime.launch_exit_hook):
+    launch.launch_kernel(k, (1,), (x,), (16,), consts)
+    for chain in (launch.triton.knobs.runtime.launch_enter_hook, launch.triton.knobs.runtime.launch_exit_hook):
         hook = lambda *a: None  # noqa: E731
         chain.add(hook)
         try:
             before = len(k.slow)
-            common.launch_kernel(k, (1,), (x,), (16,), consts)
+            launch.launch_kernel(k, (1,), (x,), (16,), consts)
             assert len(k.slow) == before + 1
         finally:
             chain.remove(hook)
-    common.launch_kernel(k, (1,), (x,), (16,), consts)          # no hook: the direct path again
+    launch.launch_kernel(k, (1,), (x,), (16,), consts)          # no hook: the direct path again
     assert len(k.slow) == 3
 
 
 def test_a_bound_launch_is_the_direct_path_without_the_key(monkeypatch):
     _direct(monkeypatch)
     device = [0]
-    monkeypatch.setattr(common, "_DRIVER", [lambda: device[0], lambda d: 99])
+    monkeypatch.setattr(launch, "_DRIVER", [lambda: device[0], lambda d: 99])
     k, consts, x, y = FakeKernel(), {"A": 3}, torch.zeros(8), torch.ones(8)
-    unbound = common.bind_launch(k, (2,), (32,), consts, (torch.float32,))      # not launched yet: launch_kernel
+    unbound = launch.bind_launch(k, (2,), (32,), consts, (torch.float32,))      # not launched yet: launch_kernel
     unbound(x)
-    bound = common.bind_launch(k, (2,), (32,), consts, (torch.float32,))
-    monkeypatch.setattr(common, "_LAUNCHES", {})        # the key is not looked up again
+    bound = launch.bind_launch(k, (2,), (32,), consts, (torch.float32,))
+    monkeypatch.setattr(launch, "_LAUNCHES", {})        # the key is not looked up again
     bound(y)
     assert len(k.slow) == 1
     (call,) = k.compiled.calls
     assert call[:9] == (2, 1, 1, 99, "fn", "meta", None, None, None) and call[9] is y and call[10:] == (32, 3, 7)
     # whenever launch_kernel would not go direct, neither does a bound launch
     bound(torch.zeros(9)[1:])                                                   # off 16-byte alignment
-    with common.triton_launches():
+    with launch.triton_launches():
         bound(y)
     device[0] = 1                                                               # another current device
     bound(y)
     assert len(k.slow) == 4 and k.compiled.calls == []
     # another signature (dtype) or the interpreter: launch_kernel itself
-    assert common.bind_launch(k, (2,), (32,), consts, (torch.float64,)).__name__ == "through_triton"
-    monkeypatch.setattr(common, "is_interpret", lambda: True)
-    assert common.bind_launch(k, (2,), (32,), consts, (torch.float32,)).__name__ == "through_triton"
+    assert launch.bind_launch(k, (2,), (32,), consts, (torch.float64,)).__name__ == "through_triton"
+    monkeypatch.setattr(launch, "is_interpret", lambda: True)
+    assert launch.bind_launch(k, (2,), (32,), consts, (torch.float32,)).__name__ == "through_triton"

@@ -18,8 +18,9 @@ import dsv4lab
 from dsv4lab import errors
 from dsv4lab.errors import Flag
 from dsv4lab.cache import TOKEN_BYTES, KVCache, pack_kv
-from dsv4lab.kernels import sglang_peer
-from dsv4lab.testing import (COMPRESSED_PAGE, LSE_TOL, OUT_TOL, VS_SIMT_TOL, WINDOW_PAGE, make_merged_decode_inputs,
+from dsv4lab.kernels.decode import sglang_peer
+from dsv4lab.config import PAGE_SIZE, WINDOW_PAGE_SIZE
+from dsv4lab.testing import (LSE_TOL, OUT_TOL, VS_SIMT_TOL, make_merged_decode_inputs,
                              poisoned, rel_err)
 
 IMPLS = ["simt", "mma", "splitk", "auto", "sglang", "reference"]
@@ -141,8 +142,8 @@ def test_matches_sglang_and_reference(inputs, impl):
 @pytest.mark.parametrize("q4", [True, False], ids=["q4", "q3"])
 def test_empty_batch_gives_empty_outputs(impl, q4, dev):
     """B = 0 (SGLang's own function cannot take it): empty outputs in SGLang's layout."""
-    w = pack_kv(torch.randn(300, 512), WINDOW_PAGE).to(dev)
-    c = pack_kv(torch.randn(100, 512), COMPRESSED_PAGE).to(dev)
+    w = pack_kv(torch.randn(300, 512), WINDOW_PAGE_SIZE).to(dev)
+    c = pack_kv(torch.randn(100, 512), PAGE_SIZE).to(dev)
     q = torch.zeros(0, 1, 4, 512, dtype=torch.bfloat16, device=dev)
     idx = torch.zeros(0, 1, 16, dtype=torch.int32, device=dev)
     tl_ = torch.zeros(0, dtype=torch.int32, device=dev)
@@ -155,8 +156,8 @@ def test_empty_batch_gives_empty_outputs(impl, q4, dev):
 
 
 def _bad_args(dev):
-    w = pack_kv(torch.randn(300, 512), WINDOW_PAGE).to(dev)
-    c = pack_kv(torch.randn(100, 512), COMPRESSED_PAGE).to(dev)
+    w = pack_kv(torch.randn(300, 512), WINDOW_PAGE_SIZE).to(dev)
+    c = pack_kv(torch.randn(100, 512), PAGE_SIZE).to(dev)
     B, H = 2, 4
     good = dict(q=torch.randn(B, 1, H, 512).to(torch.bfloat16).to(dev), k_cache=raw_view(w),
                 indices=torch.randint(0, 300, (B, 1, 16), dtype=torch.int32).to(dev),
@@ -164,7 +165,7 @@ def _bad_args(dev):
                 attn_sink=torch.zeros(H, device=dev), head_dim_v=512, softmax_scale=None, extra_k_cache=raw_view(c),
                 extra_indices=torch.randint(0, 100, (B, 1, 8), dtype=torch.int32).to(dev),
                 extra_topk_length=torch.full((B,), 8, dtype=torch.int32, device=dev))
-    contiguous = w.buffer[:, : WINDOW_PAGE * TOKEN_BYTES].contiguous().view(torch.float8_e4m3fn)
+    contiguous = w.buffer[:, : WINDOW_PAGE_SIZE * TOKEN_BYTES].contiguous().view(torch.float8_e4m3fn)
     return good, {
         "head_dim_v": (dict(head_dim_v=448), ValueError, r"head_dim_v must be 512"),
         "extra_k_cache-alone": (dict(extra_indices=None, extra_topk_length=None), ValueError, r"go together"),
@@ -181,7 +182,7 @@ def _bad_args(dev):
                                     r"extra_topk_length must lie in \[0, K=8\]"),
         "indices-3d": (dict(indices=good["indices"].expand(B, 2, 16)), ValueError, r"indices must be \[B=2, K\] or"),
         "q-two-tokens": (dict(q=good["q"].expand(B, 2, H, 512)), ValueError, r"q must be \[B, 1, H, 512\]"),
-        "k_cache-strides": (dict(k_cache=contiguous.view(-1, WINDOW_PAGE, 1, TOKEN_BYTES)), ValueError,
+        "k_cache-strides": (dict(k_cache=contiguous.view(-1, WINDOW_PAGE_SIZE, 1, TOKEN_BYTES)), ValueError,
                             r"k_cache must be the view SGLang builds over pages of 149760 bytes"),
         "extra_k_cache-strides": (dict(extra_k_cache=raw_view(c).transpose(0, 1)), ValueError,
                                   r"extra_k_cache must be the view SGLang builds"),

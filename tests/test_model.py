@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from dsv4lab import model as M
 from dsv4lab import reference
 from dsv4lab.cache import pack_kv
-from dsv4lab.model import CPU_MODEL, DSV4_FLASH_TP8, Model, Stage
+from dsv4lab.model import CPU_MODEL, DSV4_FLASH_TP8, Model
+from dsv4lab.stages import Stage
 from dsv4lab.testing import OUT_TOL, rel_err
 
 S0 = Stage("S0", "test", decode_impl="sglang", indexer_impl="torch_fp32")

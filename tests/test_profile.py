@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from dsv4lab import profile as P
-from dsv4lab.model import CPU_MODEL, Model, Stage
+from dsv4lab.model import CPU_MODEL, Model
+from dsv4lab.stages import Stage
 
 EXPECTED = {
     P.DECODE: ["_tiled_sparse_decode_kernel", "_simt_decode_kernel", "_head_batched_kernel", "_story_kernel",
@@ -141,13 +142,13 @@ def test_op_breakdown_of_the_indexer_fallback(capfd):
     # the bmm counted with the glue only where it is the fp32 GEMM; nothing written to stderr
     import torch
 
-    from dsv4lab.kernels import indexer_gemm
+    from dsv4lab.kernels.indexer import fallback
     from dsv4lab.testing import make_indexer_inputs
     inp = make_indexer_inputs(2, 16, 1024, seq_lens=64, seed=1)
     capfd.readouterr()
     ops = {}
     for name, dt in (("torch_fp32", torch.float32), ("torch_bf16", torch.bfloat16)):
-        br = P.op_breakdown(lambda: indexer_gemm.logits_torch(*inp.args(), 1024, dt), f"dsv4::indexer[{name}]")
+        br = P.op_breakdown(lambda: fallback.logits_torch(*inp.args(), 1024, dt), f"dsv4::indexer[{name}]")
         assert sum(o["share"] for o in br.ops) == pytest.approx(1.0) and br.total_us > 0
         ops[name] = {o["op"] for o in br.ops}
     assert {"aten::copy_", "aten::mul", "aten::clamp_min", "aten::sum", "aten::bmm"} <= ops["torch_fp32"]

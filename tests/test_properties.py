@@ -25,7 +25,7 @@ SETTINGS = dict(deadline=None, derandomize=True, database=None, suppress_health_
 
 
 def _sglang_available():
-    from dsv4lab.kernels import sglang_peer
+    from dsv4lab.kernels.decode import sglang_peer
     return sglang_peer.unavailable_reason() is None
 
 

@@ -23,6 +23,6 @@ def test_the_add_your_own_kernel_example_runs():
     section = text[text.index("### Add your own kernel"):]
     code = section[section.index("```python") + len("```python"):section.index("```\n", section.index("```python") + 9)]
     assert "register(" in code and "check_decode" in code
-    code += "\nassert 'torch_gather' in dsv4lab.impls()\nprint('ok', out_err, lse_err)\n"
+    code = "import dsv4lab\n" + code + "\nassert 'torch_gather' in dsv4lab.impls()\nprint('ok', out_err, lse_err)\n"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.startswith("ok"), r.stderr[-2000:]

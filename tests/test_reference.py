@@ -103,7 +103,7 @@ def test_topk_indices_pads_and_orders(dev):
 def test_topk_indices_and_the_torch_fallback_keep_nan_and_inf_as_torch_topk(dev):
     """Only -inf (the mask past seq_len) is left out: a NaN ranks above every number and +inf is a
     number, so a row with them still fills its k slots (they used to become -1, losing a slot each)."""
-    from dsv4lab.kernels.indexer_gemm import topk_from_logits
+    from dsv4lab.kernels.indexer.fallback import topk_from_logits
     x = torch.tensor([[math.nan, 1.0, 2.0, 3.0, -math.inf],
                       [0.5, math.inf, -math.inf, math.nan, -2.0],
                       [-math.inf] * 5], device=dev)

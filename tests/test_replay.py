@@ -6,12 +6,13 @@ import tarfile
 import pytest
 
 from dsv4lab import replay as R
+from dsv4lab import stages
 from dsv4lab.__main__ import main as cli
 from dsv4lab.model import CPU_MODEL, DSV4_FLASH_TP8
 
 
 def test_stages_are_cumulative_and_distinct():
-    s = R.STAGE_BY_NAME
+    s = stages.STAGE_BY_NAME
     assert (s["S0"].decode_impl, s["S0"].indexer_impl, s["S0"].mhc_gemm) == ("sglang", "torch_fp32", "float32")
     assert s["S1"].decode_impl == "mma_story" and s["S1best"].decode_impl == "mma"
     assert s["S1stop"].decode_impl == "mma_story_stop" and s["S1cap"].decode_impl == "mma_story"
@@ -27,16 +28,16 @@ def test_stages_are_cumulative_and_distinct():
     assert s["S4"].indexer_impl == "triton" and s["S4"].mhc_gemm == "bfloat16"
     assert s["S0cap"].max_context == s["S1cap"].max_context == s["S3cap"].max_context == 8192
     assert all(x.max_context is None for n, x in s.items() if not n.endswith("cap"))
-    keys = [(x.decode_impl, x.indexer_impl, x.mhc_gemm, x.max_context) for x in R.STAGES]
+    keys = [(x.decode_impl, x.indexer_impl, x.mhc_gemm, x.max_context) for x in stages.STAGES]
     assert len(set(keys)) == len(keys)
     with pytest.raises(ValueError, match="stage must be one of"):
-        R.stage("S9")
+        stages.stage("S9")
 
 
 def test_stage_for_keeps_the_cap_a_cap():
-    assert R.stage_for(R.stage("S0cap"), DSV4_FLASH_TP8).max_context == 8192
-    assert R.stage_for(R.stage("S0cap"), CPU_MODEL).max_context == CPU_MODEL.live_context
-    assert R.stage_for(R.stage("S0"), CPU_MODEL) is R.stage("S0")
+    assert R.stage_for(stages.stage("S0cap"), DSV4_FLASH_TP8).max_context == 8192
+    assert R.stage_for(stages.stage("S0cap"), CPU_MODEL).max_context == CPU_MODEL.live_context
+    assert R.stage_for(stages.stage("S0"), CPU_MODEL) is stages.stage("S0")
 
 
 def test_fit_recovers_a_line_and_the_asymptote():
@@ -53,7 +54,7 @@ def test_fit_recovers_a_line_and_the_asymptote():
 
 def test_estimates_rank_the_stages_like_the_story():
     cfg = DSV4_FLASH_TP8
-    est = {n: R.estimate_step_ms(cfg, R.stage_for(R.stage(n), cfg), 32) for n in R.STAGE_BY_NAME}
+    est = {n: R.estimate_step_ms(cfg, R.stage_for(stages.stage(n), cfg), 32) for n in stages.STAGE_BY_NAME}
     assert est["S0"] > est["S1"] >= est["S3"] > est["S4"] and est["S0"] > est["S0cap"]
     assert est["S1"] > est["S1stop"] and est["S1"] > est["S1cap"]
 

@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from dsv4lab import runs
+from dsv4lab import record
 
 RUN_FILES = sorted(p for p in (Path(__file__).resolve().parent.parent / "data" / "runs").glob("*/*.json")
                    if p.name != "manifest.json")
@@ -122,7 +123,7 @@ def test_a_sweep_row_times_live_with_the_dequant_it_ran():
 
 @pytest.mark.parametrize("folder", sorted({p.parent for p in RUN_FILES}), ids=lambda p: p.name)
 def test_manifest_lists_every_recorded_part(folder):
-    """manifest.json (runs.write_manifest) names every JSON of the run with the file's own date,
+    """manifest.json (record.write_manifest) names every JSON of the run with the file's own date,
     device and versions, and every entry's file exists."""
     man = json.loads((folder / "manifest.json").read_text())
     files = {p.name for p in folder.glob("*.json")} - {"manifest.json"}
@@ -137,13 +138,13 @@ def test_manifest_lists_every_recorded_part(folder):
 
 def test_write_manifest_adds_and_replaces_entries(tmp_path):
     payload = {"date": "2026-01-01T00:00:00+00:00", "device": {"name": "GPU"}, "torch": "t", "triton": "tr"}
-    runs.write_manifest(tmp_path, "decode", payload, "cmd 1")
-    runs.write_manifest(tmp_path, "tiles", payload, "cmd 2")
-    runs.write_manifest(tmp_path, "decode", {**payload, "date": "2026-01-02T00:00:00+00:00"}, "cmd 3")
+    record.write_manifest(tmp_path, "decode", payload, "cmd 1")
+    record.write_manifest(tmp_path, "tiles", payload, "cmd 2")
+    record.write_manifest(tmp_path, "decode", {**payload, "date": "2026-01-02T00:00:00+00:00"}, "cmd 3")
     man = json.loads((tmp_path / "manifest.json").read_text())
     assert list(man) == ["decode", "tiles"]
     assert man["decode"]["date"].startswith("2026-01-02") and man["decode"]["command"] == "cmd 3"
-    assert man["tiles"]["read_by"] == runs.PART_READERS["tiles"]
+    assert man["tiles"]["read_by"] == record.PART_READERS["tiles"]
 
 
 def test_experiment_data_loads():

@@ -5,7 +5,7 @@ loaded as a server would import it, under its dotted name; its autotuned kernel 
 config when unpatched). SGLang's indexer module cannot be imported without SGLang's server
 dependencies, so the indexer patch is tested on a module under that module's dotted name that
 holds SGLang's ``fp8_paged_mqa_logits_torch_sm120`` compiled from the wheel's source
-(kernels.indexer_gemm.sglang_function). Tolerances: dsv4lab/testing.py (and test_merged_decode.py
+(kernels.fallback.sglang_function). Tolerances: dsv4lab/testing.py (and test_merged_decode.py
 for the lab vs SGLang bound).
 """
 import importlib
@@ -18,7 +18,8 @@ import torch
 
 import dsv4lab
 from dsv4lab.integrations import sglang as integration
-from dsv4lab.kernels import indexer_gemm, sglang_peer
+from dsv4lab.kernels.decode import sglang_peer
+from dsv4lab.kernels.indexer import fallback
 from dsv4lab.testing import (INDEXER_BF16_TOL, INDEXER_TOL, LSE_TOL, OUT_TOL, VS_SIMT_TOL, make_indexer_inputs,
                              make_merged_decode_inputs, poisoned, rel_err)
 from dsv4lab import reference
@@ -195,7 +196,7 @@ def test_lab_indexer_matches_sglang_fallback_and_reference(seq_lens_2d):
     ref = reference.indexer_logits(*inp.args(), inp.max_seq_len)
     with poisoned():
         lab = integration.lab_paged_mqa_logits(*args)
-    sg = indexer_gemm.sglang_function()(*args)
+    sg = fallback.sglang_function()(*args)
     assert lab.dtype == sg.dtype == torch.float32 and lab.shape == sg.shape == (3, 300)
     assert rel_err(lab, ref) <= INDEXER_TOL
     assert rel_err(sg, ref) <= INDEXER_BF16_TOL and rel_err(lab, sg) <= INDEXER_BF16_TOL
@@ -206,7 +207,7 @@ def test_lab_indexer_matches_sglang_fallback_and_reference(seq_lens_2d):
 def indexer_module(monkeypatch):
     """SGLang's fallback in a module under the indexer module's dotted name, as a server has it."""
     stub = types.ModuleType(integration.INDEXER_MODULE)
-    stub.fp8_paged_mqa_logits_torch_sm120 = indexer_gemm.sglang_function()
+    stub.fp8_paged_mqa_logits_torch_sm120 = fallback.sglang_function()
     monkeypatch.setitem(sys.modules, integration.INDEXER_MODULE, stub)
     return stub
 

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 import dsv4lab
-from dsv4lab import bench, planning
-from dsv4lab.kernels import head_batched, split_k
+from dsv4lab import bench
+from dsv4lab.kernels.decode import planning
+from dsv4lab.kernels.decode import head_batched, split_k
 from dsv4lab.testing import LSE_TOL, OUT_TOL, make_decode_inputs, poisoned, rel_err
 
 ENTRIES = sorted(k for k in planning.TILE_TABLE if k[0] != "default")

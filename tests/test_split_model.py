@@ -4,7 +4,7 @@ import pytest
 
 import torch
 
-from dsv4lab import planning
+from dsv4lab.kernels.decode import planning
 
 # the H200's tiles and the partials its recorded runs wrote: the model as the GPU sees it, in any mode
 H200_TILES = (planning.TILE_TABLE[("9.0", "mma")], planning.TILE_TABLE[("9.0", "split")])

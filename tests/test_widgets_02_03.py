@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from dsv4lab import runs, widgets  # noqa: E402
-from dsv4lab.planning import STORY_TILES  # noqa: E402
+from dsv4lab.kernels.decode.planning import STORY_TILES  # noqa: E402
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ def test_recorded_head_block_names_the_story_kernel_only_at_its_block():
 
 def test_story_check_catches_a_wrong_kernel(monkeypatch):
     # the check is real: a kernel that drops the sink fails it
-    from dsv4lab.kernels import head_batched
+    from dsv4lab.kernels.decode import head_batched
     real = head_batched.sparse_decode_story
     monkeypatch.setattr(head_batched, "sparse_decode_story", lambda *a, attn_sink=None, **k: real(*a, attn_sink=None, **k))
     widgets._story_check.cache_clear()

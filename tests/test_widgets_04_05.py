@@ -10,6 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from dsv4lab import runs, widgets  # noqa: E402
+from dsv4lab import registry
 
 IMPLS = ["torch_fp32", "torch_bf16", "sglang", "triton"]
 
@@ -63,13 +64,13 @@ def _swap_impl(monkeypatch, op, name, fn):
     import dataclasses
 
     from dsv4lab import api
-    monkeypatch.setitem(api._IMPLS[op], name, dataclasses.replace(api.impl_info(op, name), fn=fn))
+    monkeypatch.setitem(registry._IMPLS[op], name, dataclasses.replace(registry.impl_info(op, name), fn=fn))
 
 
 def test_indexer_max_check_catches_a_wrong_kernel(monkeypatch):
     # the check is real: a fallback whose logits are 1% off fails it, the others still pass
     from dsv4lab import api
-    real = api.impl_info("indexer_logits", "torch_fp32").fn
+    real = registry.impl_info("indexer_logits", "torch_fp32").fn
     _swap_impl(monkeypatch, "indexer_logits", "torch_fp32", lambda *a, **k: real(*a, **k) * 1.01)
     widgets._indexer_max_check.cache_clear()
     try:
@@ -104,7 +105,7 @@ def test_indexer_step_check_catches_a_wrong_selection(monkeypatch):
     import torch
 
     from dsv4lab import api
-    real = api.impl_info("indexer_topk", "triton").fn
+    real = registry.impl_info("indexer_topk", "triton").fn
 
     def wrong(*a, **k):
         top = real(*a, **k)

@@ -36,7 +36,7 @@ leaf on its own is found by any later import of its dotted name (``from ... impo
 this process uses the patched module. The module stays loaded after :func:`unpatch`.
 
 The lab's ``impl="sglang"`` keeps running SGLang's original code while patched: it uses its own
-copy of the file, loaded under a private name (``kernels.sglang_peer.module()``).
+copy of the file, loaded under a private name (``kernels.decode.sglang_peer.module()``).
 """
 from __future__ import annotations
 
@@ -52,8 +52,10 @@ import sys
 import torch
 
 from .. import api
-from ..cache import HEAD_DIM, INDEX_DIM, INDEX_PAGE, INDEX_TOKEN_BYTES, IndexKCache, as_kv_cache
-from ..kernels import indexer, sglang_peer
+from ..cache import IndexKCache, as_kv_cache
+from ..config import HEAD_DIM, INDEX_DIM, INDEX_TOKEN_BYTES, PAGE_SIZE
+from ..kernels.decode import sglang_peer
+from ..kernels.indexer import triton_indexer as indexer
 
 DECODE_MODULE = "sglang.kernels.ops.attention.flash_mla_sm120_triton"
 DECODE_FUNCTION = "_run_triton_sparse_decode"
@@ -143,9 +145,9 @@ def lab_paged_mqa_logits(q_fp8, kvcache_fp8, weight, seq_lens, page_table, deep_
     if H > 128:
         raise NotSupported(f"the Triton indexer takes at most 128 heads, got {H}")
     kv = kvcache_fp8
-    if not isinstance(kv, torch.Tensor) or kv.dim() != 4 or tuple(kv.shape[1:]) != (INDEX_PAGE, 1, INDEX_TOKEN_BYTES) \
+    if not isinstance(kv, torch.Tensor) or kv.dim() != 4 or tuple(kv.shape[1:]) != (PAGE_SIZE, 1, INDEX_TOKEN_BYTES) \
             or kv.dtype not in (torch.uint8, torch.float8_e4m3fn) or not kv.is_contiguous():
-        raise NotSupported(f"kvcache must be a contiguous uint8/fp8 [num_pages, {INDEX_PAGE}, 1, {INDEX_TOKEN_BYTES}], "
+        raise NotSupported(f"kvcache must be a contiguous uint8/fp8 [num_pages, {PAGE_SIZE}, 1, {INDEX_TOKEN_BYTES}], "
                            f"got {_shape(kv)} {getattr(kv, 'dtype', '')}")
     if not isinstance(weight, torch.Tensor) or tuple(weight.shape) != (B, H) or not weight.is_floating_point():
         raise NotSupported(f"weight must be float [{B}, {H}], got {_shape(weight)}")
@@ -155,14 +157,14 @@ def lab_paged_mqa_logits(q_fp8, kvcache_fp8, weight, seq_lens, page_table, deep_
     if isinstance(max_seq_len, bool) or not isinstance(max_seq_len, numbers.Integral) or max_seq_len < 1:
         raise NotSupported(f"max_seq_len must be a positive int, got {max_seq_len!r}")
     if not isinstance(page_table, torch.Tensor) or page_table.dim() != 2 or page_table.shape[0] != B \
-            or page_table.dtype not in (torch.int32, torch.int64) or page_table.shape[1] * INDEX_PAGE < max_seq_len:
-        raise NotSupported(f"page_table must be int32/int64 [{B}, >= {-(-max_seq_len // INDEX_PAGE)}], "
+            or page_table.dtype not in (torch.int32, torch.int64) or page_table.shape[1] * PAGE_SIZE < max_seq_len:
+        raise NotSupported(f"page_table must be int32/int64 [{B}, >= {-(-max_seq_len // PAGE_SIZE)}], "
                            f"got {_shape(page_table)}")
     if any(t.device != q_fp8.device for t in (kv, weight, seq_lens, page_table)):
         raise NotSupported("q, kvcache, weight, seq_lens and page_table must share a device")
     if B == 0:
         return torch.full((0, int(max_seq_len)), -math.inf, dtype=torch.float32, device=q_fp8.device)
-    cache = IndexKCache(kv.view(torch.uint8), kv.shape[0] * INDEX_PAGE)
+    cache = IndexKCache(kv.view(torch.uint8), kv.shape[0] * PAGE_SIZE)
     return indexer.logits_triton(q_fp8[:, 0].contiguous(), cache, weight.contiguous(),
                                  seq_lens.reshape(B).to(torch.int32).contiguous(),
                                  page_table.to(torch.int32).contiguous(), int(max_seq_len))

@@ -12,18 +12,24 @@ word (dsv4lab.errors), exactly as the lab's decode kernels treat the same values
   never read, never chosen); ``whole_table``: a copy of the page table with every entry outside
   the cache replaced by page 0, for code that gathers the whole table (the torch fallbacks); a
   non-finite q or weight is flagged (INDEXER_NONFINITE).
+
+Around every registered impl (dsv4lab.registry wraps each in its op's guard): :func:`decode_entry` and
+:func:`indexer_entry` answer empty batches without a launch and hand the impl tensors it may index as
+contiguous; :func:`peer_rows` and :func:`flag_nonfinite_logits` keep the ops' non-finite contracts for
+code that does not keep them itself.
 """
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import triton
 import triton.language as tl
 
 from .. import errors
-from .common import (INDEX_FLAG, SINK_FLAG, in_cache, launch_kernel, live_length, next_power_of_2, nonfinite_query,
-                     row_length)
+from .launch import launch_kernel, next_power_of_2
+from .rows import INDEX_FLAG, SINK_FLAG, in_cache, live_length, nonfinite_query, row_length
 
 BLOCK = 1024
 
@@ -115,3 +121,82 @@ def _cached_consts(items: tuple) -> dict:
 def _consts(**kw) -> dict:
     """One dict object per set of constexprs, as launch_kernel wants."""
     return _cached_consts(tuple(kw.items()))
+
+
+def rows(x: torch.Tensor) -> torch.Tensor:
+    """x with unit stride along its last dim (rows may keep any stride): what the kernels index."""
+    return x if x.shape[-1] <= 1 or x.stride(-1) == 1 else x.contiguous()
+
+
+def no_tokens(q, topk_len, attn_sink):
+    """(out, lse) of rows that read nothing (B = 0 or K = 0): out 0, lse -inf, or the sink; a topk_len
+    other than 0 or a non-finite sink flagged, as the kernels do."""
+    B, H, D = q.shape
+    out = torch.zeros(B, H, D, dtype=torch.bfloat16, device=q.device)
+    if B and topk_len is not None:
+        errors.set_flag(q.device, errors.Flag.TOPK_LEN, (topk_len != 0).any())
+    if attn_sink is None:
+        return out, torch.full((B, H), -math.inf, dtype=torch.float32, device=q.device)
+    if B:
+        errors.set_flag(q.device, errors.Flag.SINK, ~torch.isfinite(attn_sink).all())
+    return out, attn_sink.float()[None, :].expand(B, H).contiguous()
+
+
+def decode_entry(fn):
+    """The sparse-decode guard around an implementation: B = 0 or K = 0 answered without it, and
+    q, topk_len, attn_sink contiguous, indices with unit column stride."""
+    @functools.wraps(fn)
+    def run(q, cache, indices, *, topk_len, sm_scale, attn_sink, **kw):
+        if q.shape[0] == 0 or indices.shape[1] == 0:
+            return no_tokens(q, topk_len, attn_sink)
+        return fn(q.contiguous(), cache, rows(indices), topk_len=None if topk_len is None else topk_len.contiguous(),
+                  sm_scale=sm_scale, attn_sink=None if attn_sink is None else attn_sink.contiguous(), **kw)
+    return run
+
+
+def indexer_entry(fn, *, op, dead_pages, guarded=False):
+    """The indexer guard around an implementation: B = 0 answered without it, q / weights / seq_lens
+    contiguous, and the device-side guard (:func:`sanitize_indexer`) in front: seq_lens clamped, each
+    request cut before a live page id outside the cache, and for code that gathers the whole table
+    (``dead_pages``) a copy with every entry in the cache. An impl that does all of that itself
+    (``guarded``: Impl.guards_inputs) runs without the guard's launch."""
+    @functools.wraps(fn)
+    def run(q, index_cache, weights, seq_lens, page_table, *, max_seq_len, **kw):
+        B = q.shape[0]
+        if B == 0:
+            if op == "indexer_topk":
+                return torch.empty(0, kw["topk"], dtype=torch.int32, device=q.device)
+            return torch.empty(0, max_seq_len, dtype=torch.float32, device=q.device)
+        if guarded:
+            return fn(q.contiguous(), index_cache, weights.contiguous(), seq_lens.contiguous(), rows(page_table),
+                      max_seq_len=max_seq_len, **kw)
+        q, weights = q.contiguous(), weights.contiguous()
+        seq, table = sanitize_indexer(seq_lens.contiguous(), rows(page_table), max_seq_len, index_cache.num_pages,
+                                      index_cache.page_size, whole_table=dead_pages, q=q, weights=weights)
+        return fn(q, index_cache, weights, seq, table, max_seq_len=max_seq_len, **kw)
+    return run
+
+
+def peer_rows(out, lse, indices, topk_len, *, empty_at: float = -math.inf):
+    """The decode's non-finite contract for code that does not keep it itself (SGLang's kernel, the float64
+    reference), on its (out [B, (1,) H, 512], lse [B, (1,) H]) before the sink: a row it could not compute
+    is NaN in out and lse, flagged NONFINITE, never a plausible answer. Such a row has a non-finite output,
+    a NaN or +inf lse, or (although it read a token: ``indices`` [B, K] and ``topk_len`` as sanitized) an
+    lse of "no token": at or below ``empty_at``, as float32 (every score lost below the code's finite
+    starting value or to -inf, an extreme sm_scale or q; or a float64 lse past float32's range)."""
+    read = indices >= 0
+    if topk_len is not None:
+        read &= torch.arange(indices.shape[1], device=indices.device)[None, :] < topk_len[:, None]
+    has = read.any(1).view(-1, *(1,) * (lse.dim() - 1))
+    lse32 = lse.float()
+    bad = ~torch.isfinite(out).all(-1) | torch.isnan(lse32) | (lse32 == math.inf) | (has & (lse32 <= empty_at))
+    errors.set_flag(out.device, errors.Flag.NONFINITE, bad.any())
+    return out.masked_fill(bad[..., None], math.nan), lse.masked_fill(bad, math.nan)
+
+
+def flag_nonfinite_logits(logits, seq_lens):
+    """The top-k's non-finite contract for impls that rank logits made in torch: INDEXER_NONFINITE where a
+    live logit (position < seq_lens[b], the guard's sanitized lengths) is NaN or inf, which a top-k would
+    rank first (NaN, +inf) or never choose (-inf). One pass over the logits, no host sync."""
+    live = torch.arange(logits.shape[1], device=logits.device)[None, :] < seq_lens[:, None]
+    errors.set_flag(logits.device, errors.Flag.INDEXER_NONFINITE, (live & ~torch.isfinite(logits)).any())

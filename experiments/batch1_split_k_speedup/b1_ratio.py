@@ -13,11 +13,15 @@ calls on copies of the inputs, interleaved, best of 2 passes:
   "mma_story"           the story's stage-2 kernel as published (BLOCK_H 32, the plain loop)
 The JSON also carries each launch's options. ~1 min on an H200.
 """
+import sys
+from pathlib import Path
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 
-from dsv4lab import ab, planning
-from dsv4lab.kernels import head_batched, split_k
+from dsv4lab.kernels.decode import planning
+from dsv4lab.kernels.decode import head_batched, split_k
 from dsv4lab.testing import make_decode_inputs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # experiments/: ab.py, what the scripts share
+import ab  # noqa: E402
 
 QUESTION = "batch1_split_k_speedup"
 

@@ -13,12 +13,18 @@ head a program with split_k.combine_warps(dtype) warps (4 for fp32, 2 for bf16).
 """
 from dataclasses import replace
 
+import sys
+from pathlib import Path
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 import torch
 
-from dsv4lab import ab, planning, reference
-from dsv4lab.kernels import common, head_batched, split_k
+from dsv4lab import reference
+from dsv4lab.kernels.decode import planning
+from dsv4lab.kernels.decode import head_batched, split_k
+from dsv4lab.kernels import buffers
 from dsv4lab.testing import LSE_TOL, OUT_TOL, make_decode_inputs, poisoned, rel_err
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # experiments/: ab.py, what the scripts share
+import ab  # noqa: E402
 
 QUESTION = "combine_launch_shape"
 #: (heads per program, warps) of the combine launch
@@ -32,8 +38,8 @@ def check_shape(opts, heads, warps, chk, ref) -> dict:
     with poisoned():
         o_part.fill_(float("nan"))
         lse_part.fill_(float("nan"))
-        out = common.alloc((B, H, 512), common.out_dtype(), chk.q.device)
-        lse = common.alloc((B, H), torch.float32, chk.q.device)
+        out = buffers.alloc((B, H, 512), buffers.out_dtype(), chk.q.device)
+        lse = buffers.alloc((B, H), torch.float32, chk.q.device)
     head_batched.launch(chk.q, chk.cache, chk.indices, chk.topk_len, ab.SCALE, None, o_part, lse_part, opts)
     split_k.combine(o_part, lse_part, chk.attn_sink, out, lse, heads=heads, num_warps=warps)
     row = dict(out_err=rel_err(out.float(), ref[0]), lse_err=rel_err(lse, ref[1]))
@@ -61,7 +67,7 @@ def main(argv=None):
                 base = dict(B=B, block_h=plan.cfg.block_h, block_n=plan.cfg.block_n, loop=plan.cfg.loop,
                             nsplit=plan.nsplit, partials=dtype)
                 o_part, lse_part = split_k.workspace(B, H, plan.nsplit, inp.q.device, dtype)
-                out = torch.empty(B, H, 512, dtype=common.out_dtype(), device=inp.q.device)
+                out = torch.empty(B, H, 512, dtype=buffers.out_dtype(), device=inp.q.device)
                 lse = torch.empty(B, H, dtype=torch.float32, device=inp.q.device)
 
                 def split_only(opts=opts, o_part=o_part, lse_part=lse_part):

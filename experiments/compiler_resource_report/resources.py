@@ -12,11 +12,15 @@ seconds a config, CPU only. --cpu-smoke: one small config.
 """
 import os
 import sys
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # experiments/: ab.py, what the scripts share
+import ab  # noqa: E402
 
 if __name__ == "__main__":
     os.environ.setdefault("DSV4LAB_MODE", "compile")   # before dsv4lab decides the mode
 import dsv4lab  # noqa: E402,F401
-from dsv4lab import ab, compile_report, planning, sweeps  # noqa: E402
+from dsv4lab import compile_report, sweeps
+from dsv4lab.kernels.decode import planning  # noqa: E402
 from dsv4lab.device import mode  # noqa: E402
 
 QUESTION = "compiler_resource_report"

@@ -35,16 +35,20 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 import time
 
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 
 import torch
 
-from dsv4lab import ab, api, errors
-from dsv4lab.kernels import hopper
-from dsv4lab.kernels.topk import TopkLaunch, topk_triton
+from dsv4lab import api, errors
+from dsv4lab.kernels.decode import hopper
+from dsv4lab.kernels.indexer.topk import TopkLaunch, topk_triton
 from dsv4lab.testing import make_decode_inputs, make_indexer_inputs, make_merged_decode_inputs
+from dsv4lab import registry
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # experiments/: ab.py, what the scripts share
+import ab  # noqa: E402
 
 QUESTION = "compute_sanitizer"
 DECODE_IMPLS = ("simt", "mma_story", "mma", "splitk", "splitk_auto", "auto", "hopper", "sglang")
@@ -63,7 +67,7 @@ def targets(smoke: bool) -> dict:
     idx = make_indexer_inputs(3, 8 if smoke else 64, L, seq_lens=[L, 65, 0], seed=3)
     out = {}
     for impl in DECODE_IMPLS:
-        if impl in api.impls() and not (smoke and "gpu" in api.impl_info("sparse_decode", impl).needs):
+        if impl in registry.impls() and not (smoke and "gpu" in registry.impl_info("sparse_decode", impl).needs):
             out[f"decode:{impl}"] = lambda impl=impl: api.sparse_decode(
                 dec.q, dec.cache, dec.indices, impl=impl, **dec.kwargs())
     out["merged:auto"] = lambda: dsv4lab.flash_mla_sparse_decode(*merged.sglang_args(), impl="auto")

@@ -8,12 +8,12 @@ interpreter's InterpretedFunction use), so what is timed is the API's checks, th
 planning, the allocations, the error word and the argument lists built for each launch, not
 Triton's own launch path (its argument binding: ~11-15 us a launch on the H200 host, measured by
 run.py's ``triton_launch_us``) and not the GPU. Each call is timed twice (``launch``): "direct",
-where ``kernels.common.launch_kernel`` takes its GPU path (it builds the signature's key and hands
+where ``kernels.launch.launch_kernel`` takes its GPU path (it builds the signature's key and hands
 the arguments to a stand-in for the compiled kernel's C launcher, which only counts), as every
 launch after a signature's first does on the GPU; and "triton", where launch_kernel hands every
 launch to the recorder (the interpreter's path, and what the rows before the direct launches
 measured). Tensors live on the CPU. The kernels store the
-GPU's bf16 outputs here too (``common.out_dtype`` patched), so the closing ``.to(bfloat16)`` is
+GPU's bf16 outputs here too (``buffers.out_dtype`` patched), so the closing ``.to(bfloat16)`` is
 the no-op it is on the GPU instead of a CPU conversion of the whole output.
 
 Rows (``rows``), one per call: decode ``splitk_auto`` (``auto`` in the recorded runs) at B 1 / 32 / 128 and ``mma`` at B 32 (H 64, top-k
@@ -34,14 +34,19 @@ import statistics
 import time
 from types import SimpleNamespace
 
+import sys
+from pathlib import Path
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 
 import torch
 from triton.runtime.jit import KernelInterface
 
-from dsv4lab import ab, planning
-from dsv4lab.kernels import common, head_batched, indexer, split_k, topk
+from dsv4lab.kernels import buffers, error_word, launch, rows
+from dsv4lab.kernels.decode import head_batched, kv_tiles, planning, split_k
+from dsv4lab.kernels.indexer import topk, topk_kernel, triton_indexer
 from dsv4lab.testing import make_decode_inputs, make_indexer_inputs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # experiments/: ab.py, what the scripts share
+import ab  # noqa: E402
 
 QUESTION = "eager_host_path"
 
@@ -77,12 +82,12 @@ def _params(kernel):
 
 #: what the launch planning sees of the H200 (planning, the indexer's grid and the top-k's split)
 H200 = SimpleNamespace(capability="9.0", sm_count=132)
-PLANNED = (planning, indexer, topk)
+PLANNED = (planning, triton_indexer, topk)
 #: what the library decides once per shape (emptied on entering and leaving :func:`stubbed`); the
 #: names it lacks (the library before the per-shape launch arguments) are skipped
 PER_SHAPE = [getattr(m, name) for m, name in (
     (split_k, "auto_launch"), (split_k, "splitk_launch"), (head_batched, "mma_launch"), (head_batched, "_launch_args"),
-    (split_k, "_combine_args"), (indexer, "_logits_args"), (topk, "_topk_args")) if hasattr(m, name)]
+    (split_k, "_combine_args"), (triton_indexer, "_logits_args"), (topk, "_topk_args")) if hasattr(m, name)]
 
 
 @contextlib.contextmanager
@@ -94,23 +99,24 @@ def stubbed(direct: bool = True):
     every launch is a stubbed ``kernel[grid](...)`` (what the interpreter's path costs)."""
     saved = [(m, name, getattr(m, name)) for m in PLANNED for name in ("info", "is_interpret")]
     # launch_kernel's cache is swapped for an empty one: entries made here launch the stand-in
-    saved += [(common, name, getattr(common, name)) for name in ("is_interpret", "_DRIVER", "_LAUNCHES")]
-    common._LAUNCHES = {}
+    saved += [(launch, name, getattr(launch, name)) for name in ("is_interpret", "_DRIVER", "_LAUNCHES")]
+    launch._LAUNCHES = {}
     given = []                                 # kernels handed a ``params`` here (taken back on leaving)
     if direct:
-        common.is_interpret = lambda: False
-        common._DRIVER = [lambda: 0, lambda device: 0]
-        kernels = {k for m in (common, head_batched, split_k, indexer, topk) for k in vars(m).values()
+        launch.is_interpret = lambda: False
+        launch._DRIVER = [lambda: 0, lambda device: 0]
+        kernels = {k for m in (rows, kv_tiles, error_word, head_batched, split_k, triton_indexer, topk_kernel)
+                   for k in vars(m).values()
                    if isinstance(k, KernelInterface)}
         for k in kernels:
             if not hasattr(k, "params"):
                 k.params = _params(k)
                 given.append(k)
-    saved += [(m, "out_dtype", m.out_dtype) for m in (common, split_k, head_batched)]
+    saved += [(m, "out_dtype", m.out_dtype) for m in (buffers, split_k, head_batched)]
     saved.append((KernelInterface, "__getitem__", KernelInterface.__getitem__))
     for m in PLANNED:
         m.info, m.is_interpret = (lambda: H200), (lambda: False)
-    for m in (common, split_k, head_batched):
+    for m in (buffers, split_k, head_batched):
         m.out_dtype = lambda: torch.bfloat16
     KernelInterface.__getitem__ = _stub_getitem
     for f in PER_SHAPE:

@@ -20,14 +20,17 @@ import contextlib
 import os
 import statistics
 import sys
+from pathlib import Path
 
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 
-from dsv4lab import ab, concurrency
+from dsv4lab import concurrency
 from dsv4lab.testing import make_decode_inputs, make_indexer_inputs
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from run import time_call  # noqa: E402  (this folder's run.py: eager, host, back to back, graph, bitwise)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # experiments/: ab.py, what the scripts share
+import ab  # noqa: E402
 
 QUESTION = "eager_host_path"
 WAYS = ("per caller", "shared")

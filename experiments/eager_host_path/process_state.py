@@ -20,12 +20,16 @@ replay), ``torch_threads``. About a minute on an H200.
 import statistics
 import time
 
+import sys
+from pathlib import Path
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 
 import torch
 
-from dsv4lab import ab, bench, reference
+from dsv4lab import bench, reference
 from dsv4lab.testing import make_indexer_inputs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # experiments/: ab.py, what the scripts share
+import ab  # noqa: E402
 
 QUESTION = "eager_host_path"
 

@@ -14,7 +14,7 @@ context 262208, H_i 64, top-512):
   cannot be captured, and captures as "device").
 
 Modes: ``checks="device"`` (the default: no host sync) and ``checks="sync"`` (host checks that
-name the offending value). ``launch``: "direct" (the default: kernels.common.launch_kernel hands a
+name the offending value). ``launch``: "direct" (the default: kernels.launch.launch_kernel hands a
 compiled kernel's C launch its arguments after the first call), "wrapper" (the same through the
 compiled kernel's Python wrapper, ``compiled.run``) or "triton" (every launch through Triton's
 ``kernel[grid](...)``, which binds and specializes the arguments each time); the device mode runs
@@ -37,13 +37,17 @@ import time
 
 import contextlib
 
+import sys
+from pathlib import Path
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 
 import torch
 
-from dsv4lab import ab, bench, errors
-from dsv4lab.kernels import common
+from dsv4lab import bench, errors
+from dsv4lab.kernels import launch
 from dsv4lab.testing import make_decode_inputs, make_indexer_inputs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # experiments/: ab.py, what the scripts share
+import ab  # noqa: E402
 
 QUESTION = "eager_host_path"
 
@@ -86,27 +90,27 @@ def empty_launch_us(smoke, direct: bool) -> float | None:
     from dsv4lab.bench import _empty_kernel
     x, consts = torch.zeros(1, device=dsv4lab.device.torch_device()), {}
     with launch_path("direct" if direct else "triton"):
-        return host_us(lambda: common.launch_kernel(_empty_kernel, (1,), (x,), (), consts), smoke)
+        return host_us(lambda: launch.launch_kernel(_empty_kernel, (1,), (x,), (), consts), smoke)
 
 
 def launch_path(name):
     if name == "wrapper":
         return wrapper_launches()
-    return contextlib.nullcontext() if name == "direct" else common.triton_launches()
+    return contextlib.nullcontext() if name == "direct" else launch.triton_launches()
 
 
 @contextlib.contextmanager
 def wrapper_launches():
     """Direct launches through the compiled kernel's Python wrapper (``compiled.run``), never its C
     launch: what launch_kernel did before it called the C launch itself."""
-    saved = common.C_LAUNCH_TRITON
-    common.C_LAUNCH_TRITON = ()
-    common._LAUNCHES.clear()                 # entries made before hold the C launch
+    saved = launch.C_LAUNCH_TRITON
+    launch.C_LAUNCH_TRITON = ()
+    launch._LAUNCHES.clear()                 # entries made before hold the C launch
     try:
         yield
     finally:
-        common.C_LAUNCH_TRITON = saved
-        common._LAUNCHES.clear()
+        launch.C_LAUNCH_TRITON = saved
+        launch._LAUNCHES.clear()
 
 
 def repeats(fn, smoke, times=5) -> dict | None:
@@ -141,7 +145,7 @@ def primitives(smoke, cases: dict) -> dict | None:
     x = torch.zeros(1, device=dev)
     compiled = _empty_kernel[(1,)](x)
     stream = driver.active.get_current_stream(torch.cuda.current_device())
-    c_launch, head = common._launcher(compiled)     # the C launch where launch_kernel calls it, else the wrapper
+    c_launch, head = launch._launcher(compiled)     # the C launch where launch_kernel calls it, else the wrapper
     prims = {
         "torch.empty 32x64x512 bf16": lambda: torch.empty(32, 64, 512, dtype=torch.bfloat16, device=dev),
         "torch x.add_(1)": lambda: x.add_(1),

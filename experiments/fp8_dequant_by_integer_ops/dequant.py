@@ -1,5 +1,5 @@
 """The fp8 -> bf16 dequant on the GPU: conversion instructions ("cvt") against integer ops
-("bits", kernels.common.dequant_kv_bits), each with and without the softmax scale folded into
+("bits", kernels.kv_tiles.dequant_kv_bits), each with and without the softmax scale folded into
 exp2's FMA (Launch.dequant, Launch.fold_scale). One JSON.
 
     python experiments/fp8_dequant_by_integer_ops/dequant.py OUT.json [--batches 1 32 128] [--cpu-smoke]
@@ -14,13 +14,18 @@ passes. The interpreter cannot run "bits" (inline PTX): --cpu-smoke runs the "cv
 """
 from dataclasses import replace
 
+import sys
+from pathlib import Path
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 import torch
 
-from dsv4lab import ab, reference
+from dsv4lab import reference
 from dsv4lab.cache import scale_view
-from dsv4lab.kernels import common, head_batched, split_k
+from dsv4lab.kernels.decode import head_batched, split_k
+from dsv4lab.kernels.decode import kv_tiles
 from dsv4lab.testing import make_decode_inputs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # experiments/: ab.py, what the scripts share
+import ab  # noqa: E402
 
 QUESTION = "fp8_dequant_by_integer_ops"
 VARIANTS = [("cvt", False), ("cvt", True), ("bits", False), ("bits", True)]
@@ -35,7 +40,7 @@ def every_byte_cache(inp):
     pats = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
     tok = torch.arange(n)[:, None]
     data = pats[(tok * 7 + torch.arange(448)[None, :]) % len(pats)]
-    sc = (90 + (tok * 3 + torch.arange(8)[None, :]) % (common.MAX_SCALE_BYTE - 89)).to(torch.uint8)
+    sc = (90 + (tok * 3 + torch.arange(8)[None, :]) % (kv_tiles.MAX_SCALE_BYTE - 89)).to(torch.uint8)
     c.buffer[:, : ps * 576].reshape(c.num_pages, ps, 576)[..., :448] = data.reshape(c.num_pages, ps, 448).to(c.device)
     scale_view(c)[:] = sc.reshape(c.num_pages, ps, 8).to(c.device)
     return inp

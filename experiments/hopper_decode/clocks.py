@@ -16,6 +16,8 @@ launch alone: per phase the median over programs (median over replays) and the s
 the spread of program starts, and the span from the first start to the last end. ~1 min on an H200.
 Without a GPU (--cpu-smoke) the kernel cannot run: the script records hopper's refusal.
 """
+import sys
+from pathlib import Path
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 
 import statistics
@@ -23,11 +25,14 @@ import time
 
 import torch
 
-from dsv4lab import ab, api
+from dsv4lab import api
 from dsv4lab.device import info
-from dsv4lab.kernels import hopper, split_k
-from dsv4lab.kernels.common import alloc
+from dsv4lab.kernels.decode import hopper, split_k
+from dsv4lab.kernels.buffers import alloc
 from dsv4lab.testing import make_decode_inputs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # experiments/: ab.py, what the scripts share
+import ab  # noqa: E402
+import hopper_study  # noqa: E402
 
 QUESTION = "hopper_decode"
 H, K, CTX = 64, 512, 8192
@@ -80,7 +85,7 @@ def case(B: int, smoke: bool) -> dict:
         o_part, l_part = out, lse
 
     def split(trace=None, ablate=0):
-        hopper.launch(q, inp.cache, idx, tlen, ab.SCALE, None, o_part, l_part, ns, pdl, trace=trace, ablate=ablate)
+        hopper_study.launch(q, inp.cache, idx, tlen, ab.SCALE, None, o_part, l_part, ns, pdl, trace=trace, ablate=ablate)
 
     row = dict(B=B, nsplit=ns, pdl=pdl, programs=B * ns)
     row["hopper_us"] = ab.time_us(lambda: api.sparse_decode(inp.q, inp.cache, inp.indices, impl="hopper",

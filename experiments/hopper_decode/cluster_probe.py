@@ -27,15 +27,19 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import triton
 
-from dsv4lab import ab
 from dsv4lab import compile_report as cr
-from dsv4lab.kernels import hopper
+from dsv4lab.kernels.decode import hopper
+from dsv4lab.kernels.decode.hopper import kernel as hopper_kernel
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # experiments/: ab.py, what the scripts share
+import ab  # noqa: E402
+import hopper_study  # noqa: E402
 
 QUESTION = "hopper_decode"
-gluon, gl = hopper.gluon, hopper.gl
+gluon, gl = hopper_kernel.gluon, hopper_kernel.gl
 
 if gluon is not None:
     _REPLICATED = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0], cga_layout=[[0]]))
@@ -100,7 +104,7 @@ def compile_rows():
     then the shipped kernel at num_ctas = 2, which raises what the compiler refuses."""
     for asm_store in (False, True):
         print(json.dumps(small_kernel_row(asm_store)), flush=True)
-    hopper.compile_kernel(num_ctas=2)
+    hopper_study.compile_kernel(num_ctas=2)
 
 
 def rows_from_child() -> list[dict]:

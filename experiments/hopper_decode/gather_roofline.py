@@ -31,18 +31,23 @@ at 8-64 tokens a program, one-call graph and per call in a graph of 8 (each call
 of the inputs), beside the empty launch's two figures and, from the same run, the decode impls
 ``hopper``, ``splitk_auto`` and ``auto`` (GPU only).
 """
+import sys
+from pathlib import Path
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 
 import torch
 import triton
 import triton.language as tl
 
-from dsv4lab import ab, bench
+from dsv4lab import bench
 from dsv4lab.cache import page_bytes
 from dsv4lab.device import info
-from dsv4lab.kernels import hopper
-from dsv4lab.kernels.common import token_limit
+from dsv4lab.kernels.decode import hopper
+from dsv4lab.kernels.decode.hopper import kernel as hopper_kernel
+from dsv4lab.kernels.rows import token_limit
 from dsv4lab.testing import make_decode_inputs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # experiments/: ab.py, what the scripts share
+import ab  # noqa: E402
 
 QUESTION = "hopper_decode"
 K, CTX, PAGE = 512, 8192, 64
@@ -111,9 +116,9 @@ def _decode_bytes(IDX, KV32, Q32, OUT16, K, num_tokens, H, BLOCK_T: tl.constexpr
     tl.store(OUT16 + (b * H + h) * 512 + c, val.to(tl.int16), mask=h < H)
 
 
-if hopper.gluon is not None:
+if hopper_kernel.gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import tma
-    gluon, gl, mbarrier = hopper.gluon, hopper.gl, hopper.mbarrier
+    gluon, gl, mbarrier = hopper_kernel.gluon, hopper_kernel.gl, hopper_kernel.mbarrier
 
     @gluon.jit
     def _issue_tile(IDX, desc_a, desc_b, ring_a, ring_b, bar, tile, num_tokens, TILE_T: gl.constexpr,
@@ -189,7 +194,7 @@ if hopper.gluon is not None:
         for i in gl.static_range(DEPTH):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=1)
-        hopper.fence_async_shared()
+        hopper_kernel.fence_async_shared()
         mine = (n_tiles - p + G - 1) // G
         gl.warp_specialize([
             (_tma_summer, (IDX, KV32, OUT, ring_a, ring_b, ready, empty, p, G, mine, num_tokens, TILE_T, DEPTH,

@@ -4,7 +4,7 @@
 
 1. the compiler's resource report of the kernel as launched (registers, spills, shared memory,
    wgmma shapes, counts of the PTX instructions of its schedule), whole rows and split slices;
-   then one small decode in a child process (``hopper.probe``): a kernel that has never run may
+   then one small decode in a child process (``testing.probe``): a kernel that has never run may
    hang, and a hang there costs 90 s and a row; without a good probe the hopper rows are
    skipped and the baselines still timed;
 2. correctness: every case of dsv4lab.checks.CHECK_CASES (odd H and K, -1 padding, topk_len, sink,
@@ -23,12 +23,17 @@ refusal and runs the baselines' path at tiny shapes through the interpreter. ``-
 writes step 1 alone; without a GPU it needs ``DSV4LAB_MODE=compile`` (the compiler, not the
 interpreter), e.g. to read the report of the Triton the GPU machine runs.
 """
+import sys
+from pathlib import Path
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 
-from dsv4lab import ab, api, checks
+from dsv4lab import api, checks
 from dsv4lab.device import info
-from dsv4lab.kernels import auto, hopper
-from dsv4lab.testing import make_decode_inputs
+from dsv4lab.kernels.decode import auto, hopper
+from dsv4lab.testing import make_decode_inputs, probe
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # experiments/: ab.py, what the scripts share
+import ab  # noqa: E402
+import hopper_study  # noqa: E402
 
 QUESTION = "hopper_decode"
 BASELINES = ("splitk_auto", "mma", "mma_story")
@@ -58,7 +63,7 @@ def variants(impls, B, H, K) -> dict:
 def resources() -> list[dict]:
     rows = []
     for split in (False, True):
-        rows.append(ab.attempt(dict(kind="resources", split=split), lambda s=split: hopper.compile_report(split=s)))
+        rows.append(ab.attempt(dict(kind="resources", split=split), lambda s=split: hopper_study.compile_report(split=s)))
     return rows
 
 
@@ -89,7 +94,7 @@ def main(argv=None):
         print(rows[-1], flush=True)
     else:
         rows += resources()
-        probe = ab.attempt(dict(kind="probe"), hopper.probe)      # a child process: a hang costs 90 s, not the run
+        probe = ab.attempt(dict(kind="probe"), lambda: probe("hopper"))      # a child process: a hang costs 90 s, not the run
         rows.append(probe)
         ab.write(a.out, QUESTION, a.smoke, H=H, K=K, context=ctx, rows=rows, complete=False)
         if "error" in probe:

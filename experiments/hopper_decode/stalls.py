@@ -1,7 +1,7 @@
 """Where the hopper kernel's warps wait, per partition: ncu's stall sampling on the split launch
 and on its two ablations (hopper's ABLATE: the producer alone, the consumers alone). One JSON.
 
-    python experiments/hopper_decode/stalls.py OUT.json [--batches 128] [--module dsv4lab.kernels.hopper]
+    python experiments/hopper_decode/stalls.py OUT.json [--batches 128] [--module hopper_study]
 
 For each B (H = 64, K = 512, context 8192, page 64, the rule's NSPLIT) and each launch (0: both
 partitions, 1: producer alone, 2: consumers alone), ncu --set full profiles the third launch of
@@ -18,9 +18,11 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 import tempfile
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # experiments/: ab.py, what the scripts share
+import ab  # noqa: E402
 
-from dsv4lab import ab
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 H, K, CTX = 64, 512, 8192
@@ -30,8 +32,8 @@ def target(module: str, B: int, ablate: int, calls: int = 4):
     """ncu's target: ``calls`` split launches of the kernel of ``module`` at batch B."""
     import torch
     from dsv4lab.device import info
-    from dsv4lab.kernels import split_k
-    from dsv4lab.kernels.common import alloc
+    from dsv4lab.kernels.decode import split_k
+    from dsv4lab.kernels.buffers import alloc
     from dsv4lab.testing import make_decode_inputs
     hop = importlib.import_module(module)
     inp = make_decode_inputs(B, H, K, context=CTX, seed=B)
@@ -65,12 +67,12 @@ def profile(module: str, B: int, ablate: int) -> dict:
 def main(argv=None):
     def options(p):
         p.add_argument("--batches", type=int, nargs="+", default=[128])
-        p.add_argument("--module", default="dsv4lab.kernels.hopper")
+        p.add_argument("--module", default="hopper_study")
     a = ab.parse_args(__doc__, options, argv)
     smoke = a.smoke or shutil.which("ncu") is None
     rows = []
     if smoke:
-        from dsv4lab.kernels import hopper
+        from dsv4lab.kernels.decode import hopper
         rows.append(dict(kind="refusal", reason=hopper.unavailable_reason() or "no ncu on this machine"))
     else:
         for B in a.batches:

@@ -6,14 +6,18 @@
 Each config is checked against the float64 reference first (poisoned outputs; logits bound
 testing.INDEXER_TOL), then timed (graph replay, do_bench median, L2 flushed) at B = 1 and 32 with
 8192 live tokens a request, max context 8192 and 262208. The package's launch is 8 programs per SM
-(indexer.PROGRAMS_PER_SM), 3 stages, the register pipeline. ~1 min on an H200.
+(triton_indexer.PROGRAMS_PER_SM), 3 stages, the register pipeline. ~1 min on an H200.
 """
+import sys
+from pathlib import Path
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 
-from dsv4lab import ab, reference
+from dsv4lab import reference
 from dsv4lab.device import info
-from dsv4lab.kernels import indexer
+from dsv4lab.kernels.indexer import triton_indexer
 from dsv4lab.testing import INDEXER_TOL, make_indexer_inputs, poisoned, rel_err
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # experiments/: ab.py, what the scripts share
+import ab  # noqa: E402
 
 QUESTION = "indexer_page_loop"
 
@@ -29,7 +33,7 @@ def main(argv=None):
     else:
         chk_len, live, shapes, per_sm, stages = 4096, 8192, [(1, 8192), (1, 262208), (32, 8192), (32, 262208)], \
             a.per_sm, a.stages
-    sms = info().sm_count or 2                      # the interpreter has no SMs: indexer.grid assumes 2
+    sms = info().sm_count or 2                      # the interpreter has no SMs: triton_indexer.grid assumes 2
     chk = make_indexer_inputs(3, H, chk_len, seed=11)
     ref = reference.indexer_logits(*chk.args(), chk_len)
     inputs = {(B, L): make_indexer_inputs(B, H, L, seq_lens=live, seed=13) for B, L in shapes}
@@ -42,12 +46,12 @@ def main(argv=None):
 
                 def one(prefetch=prefetch, st=st, nprog=nprog):
                     with poisoned():
-                        out = indexer.logits_triton(*chk.args(), chk_len, nprog=nprog(3, chk_len), num_stages=st,
+                        out = triton_indexer.logits_triton(*chk.args(), chk_len, nprog=nprog(3, chk_len), num_stages=st,
                                                     prefetch=prefetch)
                     row = {"err": rel_err(out, ref)}
                     row["ok"] = row["err"] <= INDEXER_TOL
                     for (B, L), inp in inputs.items():
-                        fn = lambda inp=inp, B=B, L=L: indexer.logits_triton(  # noqa: E731
+                        fn = lambda inp=inp, B=B, L=L: triton_indexer.logits_triton(  # noqa: E731
                             *inp.args(), L, nprog=nprog(B, L), num_stages=st, prefetch=prefetch)
                         row[f"us_B{B}_L{L}"] = ab.time_us(fn, a.smoke)
                     return row

@@ -21,14 +21,19 @@ repeated text: exact ties).
 Default: B = 8, 2048 live tokens, 12 draws a structure (CPU, Triton's interpreter: a few minutes).
 ``--full``: B = 32, 8192 live, 25 draws (a GPU: ~5 minutes, most of it on the host). ``--cpu-smoke``: one tiny draw.
 """
+import sys
+from pathlib import Path
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 
 import numpy as np
 import torch
 
-from dsv4lab import ab, api, reference
+from dsv4lab import api, reference
 from dsv4lab.cache import pack_index_k, pack_kv
 from dsv4lab.testing import make_indexer_inputs, rel_err, topk_recall
+from dsv4lab import registry
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # experiments/: ab.py, what the scripts share
+import ab  # noqa: E402
 
 QUESTION = "indexer_selection_quality"
 K = 512
@@ -118,7 +123,7 @@ def draw(kind, B, live, seed):
     out_ref = decode(cache, q, ref_sel, live)
     swap = decode(cache, q, one_swap(ref_sel, ref_logits), live)
     rows = []
-    sels = {impl: api.impl_info("indexer_topk", impl).fn(*args, max_seq_len=live, topk=K) for impl in IMPLS}
+    sels = {impl: registry.impl_info("indexer_topk", impl).fn(*args, max_seq_len=live, topk=K) for impl in IMPLS}
     outs = {impl: decode(cache, q, s, live) for impl, s in sels.items()}
     for b in range(B):
         x = ref_logits[b].double()

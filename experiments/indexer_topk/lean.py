@@ -12,6 +12,8 @@ one-call graphs at B = 1, 8, 16, 32, 64, 128 (8192 live, max 262208), B = 32 at 
 at 5000 live and at 65536 live, twice in alternating order (``round`` 0 and 1); at B = 1 and 32
 also per call in a graph of 8 calls on their own logits.
 """
+import sys
+from pathlib import Path
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 
 import time
@@ -19,10 +21,12 @@ from dataclasses import replace
 
 import torch
 
-from dsv4lab import ab, bench, reference
-from dsv4lab.kernels import indexer, topk
-from dsv4lab.kernels.topk import TOPK, topk_triton
+from dsv4lab import bench, reference
+from dsv4lab.kernels.indexer import triton_indexer, topk
+from dsv4lab.kernels.indexer.topk import TOPK, topk_triton
 from dsv4lab.testing import make_indexer_inputs, poisoned
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # experiments/: ab.py, what the scripts share
+import ab  # noqa: E402
 
 QUESTION = "indexer_topk"
 K = 512
@@ -33,7 +37,7 @@ LAUNCHES = {"shipped": TOPK,
 
 def logits_of(B, live, L, seed):
     inp = make_indexer_inputs(B, H, L, seq_lens=live, seed=seed)
-    return indexer.logits_triton(*inp.args(), L, fill_dead=False), inp.seq_lens
+    return triton_indexer.logits_triton(*inp.args(), L, fill_dead=False), inp.seq_lens
 
 
 def one_chunk_rows(x, seq, split):

@@ -33,6 +33,8 @@ OUT.json as soon as it is done (``complete`` False until the end):
 
 Graph replay, do_bench median with L2 flushed, microseconds. ~1.5-2 minutes on an H200.
 """
+import sys
+from pathlib import Path
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 
 import gc
@@ -42,13 +44,17 @@ from dataclasses import replace
 
 import torch
 
-from dsv4lab import ab, api, bench, errors, reference
+from dsv4lab import api, bench, errors, reference
 from dsv4lab.cache import INDEX_TOKEN_BYTES
 from dsv4lab.device import ceilings
-from dsv4lab.kernels import indexer, sglang_peer, topk
-from dsv4lab.kernels.indexer import LOGITS, LOGITS_RUN1
-from dsv4lab.kernels.topk import TOPK, topk_triton
+from dsv4lab.kernels.decode import sglang_peer
+from dsv4lab.kernels.indexer import triton_indexer, topk
+from dsv4lab.kernels.indexer.triton_indexer import LOGITS, LOGITS_RUN1
+from dsv4lab.kernels.indexer.topk import TOPK, topk_triton
 from dsv4lab.testing import INDEXER_TOL, make_indexer_inputs, poisoned, rel_err, topk_recall
+from dsv4lab import registry
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # experiments/: ab.py, what the scripts share
+import ab  # noqa: E402
 
 QUESTION = "indexer_topk"
 K = 512
@@ -79,12 +85,12 @@ def logits_bytes(inp) -> int:
 
 def available(impl) -> bool:
     """The impl can run here (SGLang's needs its wheel)."""
-    return "sglang" not in api.impl_info("indexer_topk", impl).needs or sglang_peer.unavailable_reason() is None
+    return "sglang" not in registry.impl_info("indexer_topk", impl).needs or sglang_peer.unavailable_reason() is None
 
 
 def registered(impl):
     """The impl's top-k as a captured graph runs it: the registered function, no API checks."""
-    fn = api.impl_info("indexer_topk", impl).fn
+    fn = registry.impl_info("indexer_topk", impl).fn
     return lambda inp, k=K: fn(*inp.args(), max_seq_len=inp.max_seq_len, topk=k)
 
 
@@ -177,7 +183,7 @@ def run_topk(smoke, B, live) -> list:
     timed = {}
     for n, Lm in shapes:
         inp = make_indexer_inputs(B, H, Lm, seq_lens=n, seed=52)
-        timed[n, Lm] = (indexer.logits_triton(*inp.args(), Lm, fill_dead=False), inp.seq_lens)
+        timed[n, Lm] = (triton_indexer.logits_triton(*inp.args(), Lm, fill_dead=False), inp.seq_lens)
         del inp
     sms = 2 if smoke else torch.cuda.get_device_properties(0).multi_processor_count
     for split, warps, merge in SPLITS[:5] + SPLITS[-3:] if smoke else SPLITS:   # warps: one program in the interpreter
@@ -196,7 +202,7 @@ def run_topk(smoke, B, live) -> list:
     del timed
     for b in ([1, 2] if smoke else [1, 64, 128]):
         inp = make_indexer_inputs(b, H, L, seq_lens=live, seed=53)
-        logits = indexer.logits_triton(*inp.args(), L, fill_dead=False)
+        logits = triton_indexer.logits_triton(*inp.args(), L, fill_dead=False)
         for split, merge in ((None, "launch"), (1, "launch"), (None, "fused")):
             def one(split=split, logits=logits, inp=inp, merge=merge):
                 return dict(us=ab.time_us(lambda: topk_triton(logits, inp.seq_lens, K, launch=split_launch(
@@ -217,12 +223,12 @@ def run_logits(smoke, B, floor, copy) -> list:
     for name, launch in LOGITS_LAUNCHES.items():
         def one(launch=launch):
             with poisoned():
-                out = indexer.logits_triton(*chk.args(), chk.max_seq_len, launch=launch)
+                out = triton_indexer.logits_triton(*chk.args(), chk.max_seq_len, launch=launch)
             row = dict(logits_err=rel_err(out, ref))
             row["ok"] = row["logits_err"] <= INDEXER_TOL
             for n, Lm in shapes:
                 inp = make_indexer_inputs(B, H, Lm, seq_lens=n, seed=54)
-                us = ab.time_us(lambda: indexer.logits_triton(*inp.args(), Lm, launch=launch, fill_dead=False), smoke)
+                us = ab.time_us(lambda: triton_indexer.logits_triton(*inp.args(), Lm, launch=launch, fill_dead=False), smoke)
                 row[f"us_live{n}"] = us
                 row[f"floor_us_live{n}"] = floor(logits_bytes(inp))
                 row[f"share_of_copy_live{n}"] = logits_bytes(inp) / (us * 1e-6) / (copy * 1e12) if us and copy else None
@@ -236,8 +242,8 @@ def run_eager(smoke, inp) -> dict:
     """Eager calls back to back against graph replay: the API (default checks), the registered
     function, the step with the one-launch top-k (split 1) and with the merge as its own launch."""
     api_call = lambda: dsv4lab.indexer_topk(*inp.args(), max_seq_len=inp.max_seq_len, topk=K, impl="triton")  # noqa: E731
-    one_launch = lambda: indexer.topk_step(*inp.args(), inp.max_seq_len, K, topk_launch=split_launch(1))  # noqa: E731
-    two = lambda: indexer.topk_step(*inp.args(), inp.max_seq_len, K, topk_launch=split_launch(None, merge="launch"))  # noqa: E731
+    one_launch = lambda: triton_indexer.topk_step(*inp.args(), inp.max_seq_len, K, topk_launch=split_launch(1))  # noqa: E731
+    two = lambda: triton_indexer.topk_step(*inp.args(), inp.max_seq_len, K, topk_launch=split_launch(None, merge="launch"))  # noqa: E731
     api_e = eager_us(api_call, smoke)
     fn_e = eager_us(lambda: registered("triton")(inp), smoke)
     one_e = eager_us(one_launch, smoke)
@@ -301,7 +307,7 @@ def main(argv=None):
 
     # 2./3. the step against the max context (the torch paths at two sizes), eager against graph
     max_lens = [300, 700, 1400] if smoke else [65536, 262208, 1048576]
-    impls = [i for i in api.impls("indexer_topk") if i != "reference" and available(i)]
+    impls = [i for i in registry.impls("indexer_topk") if i != "reference" and available(i)]
     for L in max_lens:
         inp = make_indexer_inputs(B, H, L, seq_lens=live, seed=13)
         for impl in impls:
@@ -327,9 +333,9 @@ def main(argv=None):
         inp = make_indexer_inputs(B, H, Lmax, seq_lens=n, seed=14)
 
         def one(inp=inp):
-            x = indexer.logits_triton(*inp.args(), Lmax, fill_dead=False)
+            x = triton_indexer.logits_triton(*inp.args(), Lmax, fill_dead=False)
             r = dict(graph_us=ab.time_us(lambda: registered("triton")(inp), smoke),
-                     logits_us=ab.time_us(lambda: indexer.logits_triton(*inp.args(), Lmax, fill_dead=False), smoke),
+                     logits_us=ab.time_us(lambda: triton_indexer.logits_triton(*inp.args(), Lmax, fill_dead=False), smoke),
                      topk_us=ab.time_us(lambda: topk_triton(x, inp.seq_lens, K), smoke),
                      step_bytes=step_bytes(inp), logits_bytes=logits_bytes(inp), floor_us=floor(step_bytes(inp)),
                      logits_floor_us=floor(logits_bytes(inp)))

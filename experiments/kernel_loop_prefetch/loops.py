@@ -16,11 +16,15 @@ calls, the loops interleaved, best of 2 passes. ~4 min on an H200.
 """
 from dataclasses import replace
 
+import sys
+from pathlib import Path
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 import triton
 
-from dsv4lab import ab, planning
+from dsv4lab.kernels.decode import planning
 from dsv4lab.testing import make_decode_inputs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # experiments/: ab.py, what the scripts share
+import ab  # noqa: E402
 
 QUESTION = "kernel_loop_prefetch"
 BIG_SHAPES = [(1, 1), (1, 4), (32, 1), (32, 4), (64, 1), (64, 2), (128, 1)]

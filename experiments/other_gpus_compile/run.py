@@ -11,8 +11,8 @@ count). Every Triton launch they ask for is recorded, then compiled for the targ
 with the Triton installed here; ptxas's report is kept (registers, spills, shared memory against
 what a block may use on that GPU, the matrix instructions). Rows: ``kind="launch"`` (one per
 distinct compile, with the calls that asked for it) and ``kind="call"`` (each call, and its error
-if it raised). CPU only, a few minutes a target (--calls ci: each kernel once, ~30 s); --cpu-smoke: one decode
-call and one top-k call on B200.
+if it raised). CPU only, a few minutes a target (tests/test_other_gpus.py compiles each kernel once the same way, in
+~10 s); --cpu-smoke: one decode call and one top-k call on B200.
 """
 import argparse
 import json
@@ -22,107 +22,47 @@ import sys
 
 if __name__ == "__main__":
     os.environ.setdefault("DSV4LAB_MODE", "compile")   # before dsv4lab decides the mode
-import torch  # noqa: E402
 
 import dsv4lab  # noqa: E402
-from dsv4lab import ab, compile_report, testing  # noqa: E402
+from dsv4lab import compile_report as cr, registry  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # experiments/: ab.py
+import ab  # noqa: E402
 
 QUESTION = "other_gpus_compile"
-DECODE_IMPLS = ("simt", "mma_story", "mma", "splitk", "splitk_auto", "auto", "sglang")
 
 
 def calls(which: str) -> dict:
-    """label -> a thunk that calls a public entry the way the replay and the notebooks do; ``which``:
-    "full", "ci" or "smoke"."""
-    from dsv4lab import model
-    from dsv4lab.config import DSV4_FLASH as F
-    from dsv4lab.kernels import topk
-
-    def decode(impl, B, K):
-        inp = testing.make_decode_inputs(B, 64, K, context=K, topk_len=True, sink=True, seed=0, device="cpu")
-        return lambda: dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, topk_len=inp.topk_len,
-                                             attn_sink=inp.attn_sink, impl=impl)
-
-    def indexer(B):
-        inp = testing.make_indexer_inputs(B, F.index_heads, 65536, seq_lens=8192, seed=0, device="cpu")
-        return lambda: dsv4lab.indexer_topk(inp.q, inp.cache, inp.weights, inp.seq_lens, inp.page_table,
-                                            max_seq_len=inp.max_seq_len, topk=512, impl="triton")
-
-    def topk_alone(B, width):
-        return lambda: topk.topk_triton(torch.zeros(B, width), torch.full((B,), 8192, dtype=torch.int32), 512)
-
-    def moe():
-        x = torch.zeros(2, 16, F.hidden, dtype=torch.bfloat16)
-        w = torch.zeros(2, F.hidden, 2 * F.moe_intermediate, dtype=torch.bfloat16)
-        return model.moe_grouped_gemm(x, w)
-
-    def sinkhorn():
-        n = F.hc_mult
-        return model.mhc_sinkhorn(torch.zeros(32, (2 + n) * n), torch.ones(3), torch.zeros((2 + n) * n), n,
-                                  F.hc_sinkhorn_iters, 1e-6)
-
+    """label -> a thunk that calls a public entry the way the replay and the notebooks do
+    (compile_report's thunks); ``which``: "full" (every recorded decode impl at B = 1, 8, 32, 128) or
+    "smoke"."""
     if which == "smoke":
-        return {"mma B=1 K=512": decode("mma", 1, 512), "top-k B=1 width 65536": topk_alone(1, 65536)}
-    if which == "ci":          # every kernel once, the decode tiles at both ends of B (tests/test_other_gpus.py)
-        return {"simt B=1 K=512": decode("simt", 1, 512), "mma_story B=1 K=512": decode("mma_story", 1, 512),
-                "mma B=1 K=512": decode("mma", 1, 512), "mma B=128 K=512": decode("mma", 128, 512),
-                "splitk_auto B=1 K=512": decode("splitk_auto", 1, 512),
-                "splitk_auto B=32 K=512": decode("splitk_auto", 32, 512),
-                "sglang B=32 K=512": decode("sglang", 32, 512),
-                "indexer_topk triton B=32 live 8192 max 65536": indexer(32),
-                "top-k B=32 width 262208": topk_alone(32, 262208), "moe grouped GEMM": moe, "mHC sinkhorn": sinkhorn}
+        return {"mma B=1 K=512": cr.decode_call("mma", 1, 512), "top-k B=1 width 65536": cr.topk_call(1, 65536)}
     out = {}
-    for impl in DECODE_IMPLS:
+    for impl in [i.name for i in registry.registered(tag="recorded")]:
         for B in (1, 8, 32, 128):
-            out[f"{impl} B={B} K=512"] = decode(impl, B, 512)
+            out[f"{impl} B={B} K=512"] = cr.decode_call(impl, B, 512)
     for impl in ("mma", "splitk_auto", "auto"):
         for B in (1, 32):
-            out[f"{impl} B={B} K=128"] = decode(impl, B, 128)
+            out[f"{impl} B={B} K=128"] = cr.decode_call(impl, B, 128)
     for B in (1, 32, 128):
-        out[f"indexer_topk triton B={B} live 8192 max 65536"] = indexer(B)
+        out[f"indexer_topk triton B={B} live 8192 max 65536"] = cr.indexer_call(B)
     for width in (262208, 1048576):
-        out[f"top-k B=32 width {width}"] = topk_alone(32, width)
-    out["moe grouped GEMM"] = moe
-    out["mHC sinkhorn"] = sinkhorn
-    return out
-
-
-def _key(c: compile_report.Captured) -> str:
-    """What a compile depends on: the kernel and its specialized signature (compile_report.signature)."""
-    sig, consts, attrs, options = compile_report.signature(c)
-    return repr((c.name, sig, sorted(consts.items()), sorted(attrs.items()), sorted(options.items())))
+        out[f"top-k B=32 width {width}"] = cr.topk_call(32, width)
+    return {**out, **cr.step_kernel_calls()}
 
 
 def child(target_name: str, which: str) -> list:
     """Rows of one target (run in a process of its own: plans are cached per shape)."""
-    target = compile_report.target_info(target_name)
-    unique, rows = {}, []
-    for label, thunk in calls(which).items():
-        row = {"kind": "call", "target": target_name, "call": label}
-        with compile_report.planned_for(target) as launches:
-            try:
-                thunk()
-            except Exception as e:  # noqa: BLE001  (a call the package refuses here is a row, e.g. no sglang wheel)
-                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
-        row["launches"] = [c.name for c in launches]
-        rows.append(row)
-        for c in launches:
-            unique.setdefault(_key(c), (c, []))[1].append(label)
-    for c, labels in unique.values():
-        r = {"kind": "launch", "target": target_name, "calls": labels,
-             **compile_report.captured_report(c, target)}
-        print({k: r.get(k) for k in ("target", "kernel", "registers", "spill_stores", "shared_bytes", "smem_limit",
-                                     "fits", "mma", "error")}, file=sys.stderr, flush=True)
-        rows.append(r)
-    return rows
+    return cr.planned_launches(target_name, calls(which))
 
 
 def main(argv=None):
     a = ab.parse_args(__doc__, argv=argv, add=lambda p: (
-        p.add_argument("--targets", nargs="+", choices=sorted(compile_report.TARGETS),
-                       default=sorted(compile_report.TARGETS)),
-        p.add_argument("--calls", choices=("full", "ci"), default="full",
-                       help="full: every impl at B = 1, 8, 32, 128 (a few minutes a target); ci: each kernel once"),
+        p.add_argument("--targets", nargs="+", choices=sorted(cr.TARGETS),
+                       default=sorted(cr.TARGETS)),
+        p.add_argument("--calls", choices=("full",), default="full",
+                       help="full: every recorded impl at B = 1, 8, 32, 128 (a few minutes a target)"),
         p.add_argument("--child", help=argparse.SUPPRESS)))
     which = "smoke" if a.cpu_smoke else a.calls
     if a.child:
@@ -143,7 +83,7 @@ def main(argv=None):
             rows.extend(json.loads(r.stdout))
         ab.write(a.out, QUESTION, a.cpu_smoke, complete=False, rows=rows)
     ab.write(a.out, QUESTION, a.cpu_smoke, complete=True, calls=which,
-             targets={n: compile_report.TARGETS[n] for n in targets}, rows=rows)
+             targets={n: cr.TARGETS[n] for n in targets}, rows=rows)
 
 
 if __name__ == "__main__":

@@ -16,9 +16,12 @@ import sys
 if __name__ == "__main__":
     os.environ.setdefault("DSV4LAB_MODE", "compile")   # before dsv4lab decides the mode
 import dsv4lab  # noqa: E402,F401
-from dsv4lab import ab, compile_report  # noqa: E402
+from dsv4lab import compile_report  # noqa: E402
 from dsv4lab.device import mode  # noqa: E402
-from dsv4lab.planning import Launch, TileConfig  # noqa: E402
+from dsv4lab.kernels.decode.planning import Launch, TileConfig  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # experiments/: ab.py
+import ab  # noqa: E402
 
 QUESTION = "other_gpus_compile"
 SMEM_LIMIT = compile_report.TARGETS["RTX PRO 6000"][3]

@@ -13,9 +13,13 @@ The interpreter has no PDL: --cpu-smoke runs the "off" variant only. ~2 min on a
 """
 from dataclasses import replace
 
+import sys
+from pathlib import Path
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
-from dsv4lab import ab, planning
+from dsv4lab.kernels.decode import planning
 from dsv4lab.testing import make_decode_inputs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # experiments/: ab.py, what the scripts share
+import ab  # noqa: E402
 
 QUESTION = "pdl_for_the_combine"
 

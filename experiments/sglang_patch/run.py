@@ -32,16 +32,20 @@ SGLang's autotuner tries 3 configs at each of 2 top-k widths, the lab compiles i
 4 batch sizes x 2 caches), well under 3 minutes.
 """
 import sys
+from pathlib import Path
 import time
 import traceback
 
 import torch
 
-from dsv4lab import ab, bench
+from dsv4lab import bench
 from dsv4lab.integrations import sglang as integration
-from dsv4lab.kernels import indexer_gemm, sglang_peer, split_k
+from dsv4lab.kernels.decode import sglang_peer, split_k
+from dsv4lab.kernels.indexer import fallback
 from dsv4lab.testing import (INDEXER_BF16_TOL, LSE_TOL, OUT_TOL, VS_SIMT_TOL, make_indexer_inputs,
                              make_merged_decode_inputs, rel_err)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # experiments/: ab.py, what the scripts share
+import ab  # noqa: E402
 
 SMOKE = "--cpu-smoke" in sys.argv or not torch.cuda.is_available()
 if SMOKE:
@@ -137,7 +141,7 @@ def timings(mod, B, passes=2):
 
 def indexer_rows(B=32, heads=64, live=LIVE):
     rows = []
-    sglang_fn = indexer_gemm.sglang_function()
+    sglang_fn = fallback.sglang_function()
     for max_seq_len in INDEXER_MAX_SEQ_LENS:
         try:
             inp = make_indexer_inputs(B, heads, max_seq_len, seq_lens=live, seed=max_seq_len, device=DEVICE,

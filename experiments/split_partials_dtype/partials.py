@@ -13,12 +13,16 @@ interleaved, best of 2 passes. ~2 min on an H200.
 """
 from dataclasses import replace
 
+import sys
+from pathlib import Path
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 import torch
 
-from dsv4lab import ab, planning
-from dsv4lab.kernels import split_k
+from dsv4lab.kernels.decode import planning
+from dsv4lab.kernels.decode import split_k
 from dsv4lab.testing import make_decode_inputs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # experiments/: ab.py, what the scripts share
+import ab  # noqa: E402
 
 QUESTION = "split_partials_dtype"
 DTYPES = ("float32", "bfloat16")

@@ -12,9 +12,14 @@ says whether the model with those fitted figures picks it (planning.choose). The
 (`python -m dsv4lab record --only tiles split`) runs the same sweep over the tile sweep's picks.
 ~1 min for the two entries on an H200.
 """
+import sys
+from pathlib import Path
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 
-from dsv4lab import ab, planning, sweeps
+from dsv4lab import sweeps
+from dsv4lab.kernels.decode import planning
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # experiments/: ab.py, what the scripts share
+import ab  # noqa: E402
 
 QUESTION = "split_sweep"
 

@@ -9,10 +9,14 @@ instead. Four calls, so --launch-skip 2 profiles a warm one. --cpu-smoke: tiny s
 """
 import argparse
 
+import sys
+from pathlib import Path
 import dsv4lab
-from dsv4lab import ab, planning
+from dsv4lab.kernels.decode import planning
 from dsv4lab.device import mode
 from dsv4lab.testing import make_decode_inputs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # experiments/: ab.py, what the scripts share
+import ab  # noqa: E402
 
 
 def tiles(spec: str) -> planning.TileConfig:

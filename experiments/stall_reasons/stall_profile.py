@@ -19,11 +19,14 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 import tempfile
 
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 
-from dsv4lab import ab, device
+from dsv4lab import device
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # experiments/: ab.py, what the scripts share
+import ab  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 #: a few lines in the shape of ncu's source page (--page source --csv --print-source sass) and details page
@@ -95,6 +98,17 @@ def smoke_target(impl: str, spec: str):
     mod.target(impl, 1, spec, smoke=True, calls=1)
 
 
+def summary_of_the_sample() -> dict:
+    """The summary of the two sample pages, held to the counts they hold (13 stall samples: 6 long
+    scoreboard, 5 barrier, 2 wait; by opcode 7 LDG, 3 HGMMA, 3 WARPGROUP): what the smoke run checks."""
+    row = summarize(SAMPLE_SOURCE, SAMPLE_DETAILS, "64,128,8,1,l2_hint", 128)
+    near = lambda got, want: set(got) == set(want) and all(abs(got[k] - v) <= 1e-4 for k, v in want.items())  # noqa: E731
+    ok = (near(row["stall_share"], {"long_sb": 6 / 13, "barrier": 5 / 13, "wait": 2 / 13})
+          and near(row["stall_by_opcode"], {"LDG": 7 / 13, "HGMMA": 3 / 13, "WARPGROUP": 3 / 13})
+          and row["hot_sass"][0]["sass"].startswith("LDG") and row["duration_us"] == 65.89 and row["registers"] == 255)
+    return dict(kind="sample summary", ok=ok)
+
+
 def main(argv=None):
     def add(p):
         p.add_argument("impl")
@@ -107,6 +121,7 @@ def main(argv=None):
         if smoke:
             smoke_target(a.impl, spec)
             rows.append(ab.attempt({}, lambda: summarize(SAMPLE_SOURCE, SAMPLE_DETAILS, spec, a.B)))
+            rows.append(ab.attempt({}, summary_of_the_sample))
         else:
             rows.append(ab.attempt({}, lambda: profile(a.impl, a.B, spec)))
     extra = {} if smoke else {"ceilings": device.ceilings().as_dict()}

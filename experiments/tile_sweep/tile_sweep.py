@@ -10,9 +10,13 @@ replay at each B, whole-row launches: sweeps.tile_sweep, the loop `python -m dsv
 --only tiles` runs (which also makes the fastest config at the largest B the table's entry).
 ~1 min per 13 configs on an H200.
 """
+import sys
+from pathlib import Path
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 
-from dsv4lab import ab, sweeps
+from dsv4lab import sweeps
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # experiments/: ab.py, what the scripts share
+import ab  # noqa: E402
 
 QUESTION = "tile_sweep"
 #: the interpreter's tile entry with each loop (smoke mode)

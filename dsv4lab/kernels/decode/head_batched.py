@@ -1,4 +1,4 @@
-"""Stage 2, head-batched tensor cores: gather each KV tile once, reuse it for BLOCK_H heads.
+"""S1's kernel, head-batched tensor cores: gather each KV tile once, reuse it for BLOCK_H heads.
 
 Grid (B, cdiv(H, BLOCK_H)). A program gathers BLOCK_N tokens into one dequantized
 [BLOCK_N, 512] tile (fp8 nope * UE8M0 scale | bf16 rope: the 448 + 64 split disappears in the
@@ -12,16 +12,16 @@ The KV bytes are read once per head block instead of once per head.
 
 Two kernels share that body:
 
-* ``_story_kernel`` is the stage as the story built it: SGLang's SIMT kernel with the heads
+* ``_story_kernel`` is S1 as the story built it: SGLang's SIMT kernel with the heads
   batched and the loop above, nothing else. Like SGLang's kernel it walks the whole padded index
   row: every tile of the K entries is visited and its indices loaded; entries past ``topk_len``
   are masked (no KV bytes gathered, never used, never flagged). ``impl="mma_story"`` launches it
   with the story's BLOCK_H = 32 (two programs per request). ``impl="mma_story_stop"`` is the
   same kernel stopping each row at its ``topk_len`` (``STOP_AT_LEN``): the lab's first change,
-  which the story never made. On a ratio-128 row (8256 wide, 64 live) it is the difference
-  between 258 tiles and 2.
-* ``_head_batched_kernel`` is the lab's tuned version (``impl="mma"``, and every split-K slice
-  in split_k.py): the next tile's loads issued before this tile's math (``loop``), the fp8
+  which the story never made (the replay's S1stop). On a ratio-128 row (8256 wide, 64 live) it is
+  the difference between 258 tiles and 2.
+* ``_head_batched_kernel`` is the lab's tuned version (``impl="mma"``, the replay's S1best, and every
+  split-K slice in split_k.py): the next tile's loads issued before this tile's math (``loop``), the fp8
   dequant by integer ops (``dequant="bits"``), the softmax scale folded into exp2's FMA, and
   one slice of the top-k row per program for split-K. Notebook 03 shows it as a diff of the first.
 """
@@ -33,12 +33,16 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import errors
-from ..api import register
-from ..planning import STORY_TILES, Launch, choose_tiles, launch_for, per_shape
-from .common import (INDEX_FLAG, LOG2E, MAX_SCALE_BYTE, NONFINITE_FLAG, SINK_FLAG, alloc, cache_views, cdiv, decode_call,
-                     dequant_kv, dot_dtype, finish, gather_kv_tile, in_cache, launch_kernel, load_kv_raw,
-                     out_dtype, prefetch_kv_l2_bulk, row_length, token_limit, track_tokens, track_tokens_init)
+from ... import errors
+from ...config import NOPE_DIM
+from ...device import is_interpret
+from ...registry import register
+from ..buffers import alloc, finish, out_dtype
+from ..launch import cdiv, dot_dtype, launch_kernel
+from ..rows import INDEX_FLAG, NONFINITE_FLAG, SINK_FLAG, in_cache, row_length, token_limit, track_tokens, track_tokens_init
+from .kv_tiles import (LOG2E, MAX_SCALE_BYTE, cache_views, decode_call, dequant_kv, gather_kv_tile, load_kv_raw,
+                       prefetch_kv_l2_bulk)
+from .planning import STORY_TILES, Launch, choose_tiles, launch_for, per_shape
 
 
 @triton.jit
@@ -286,13 +290,12 @@ def launch(q, cache, indices, topk_len, sm_scale, attn_sink, out, lse, opts: Lau
 def _launch_args(opts: Launch, B, H, K, D, page_size, page_bytes, has_topk_len, has_sink, split_len):
     """(grid, split_len, constexprs and launch options) of a launch: shapes and options only, so
     decided once per shape rather than rebuilt on every eager call."""
-    from ..device import is_interpret
     cfg = opts.tiles
     if split_len is None:
         split_len = cdiv(cdiv(K, opts.nsplit), cfg.block_n) * cfg.block_n
     consts = dict(PAGE_SIZE=page_size, PAGE_BYTES=page_bytes,
                   HAS_TOPK_LEN=has_topk_len, HAS_SINK=has_sink, SPLIT=opts.nsplit > 1,
-                  BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, D=D, NOPE=448, DOT=dot_dtype(),
+                  BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, D=D, NOPE=NOPE_DIM, DOT=dot_dtype(),
                   LOOP=LOOP_CODE[cfg.loop], L2_HINT=not is_interpret(),
                   LAUNCH_DEPENDENTS=opts.pdl, DEQUANT_BITS=opts.dequant == "bits", FOLD_SCALE=opts.fold_scale,
                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -300,9 +303,14 @@ def _launch_args(opts: Launch, B, H, K, D, page_size, page_bytes, has_topk_len, 
 
 
 def max_scale_byte(opts: Launch):
-    """The largest UE8M0 scale byte a launch reads correctly: common.MAX_SCALE_BYTE with the
+    """The largest UE8M0 scale byte a launch reads correctly: kv_tiles.MAX_SCALE_BYTE with the
     "bits" dequant (2^(e-7) must be a finite bf16), None (any) with "cvt"."""
     return MAX_SCALE_BYTE if opts.dequant == "bits" else None
+
+
+def story_launch(B: int, H: int, K: int) -> Launch:
+    """impls "mma_story" and "mma_story_stop": the story's tiles at every shape."""
+    return Launch(STORY_TILES)
 
 
 @per_shape
@@ -311,18 +319,8 @@ def mma_launch(B: int, H: int, K: int) -> Launch:
     return launch_for(choose_tiles(B, H, K))
 
 
-@register("sparse_decode", "mma", stage="S1 best", description="the lab's tuned head-batched kernel, whole rows",
-          max_scale_byte=lambda B, H, K: max_scale_byte(mma_launch(B, H, K)))
-def sparse_decode_mma(q, cache, indices, *, topk_len, sm_scale, attn_sink, opts: Launch | None = None):
-    B, H, D = q.shape
-    opts = opts or mma_launch(B, H, indices.shape[1])
-    out = alloc((B, H, D), out_dtype(), q.device)
-    lse = alloc((B, H), torch.float32, q.device)
-    launch(q.contiguous(), cache, indices.contiguous(), topk_len, sm_scale, attn_sink, out, lse, opts)
-    return finish(out), lse
-
-
-@register("sparse_decode", "mma_story", stage="S1",
+@register("sparse_decode", "mma_story", stage="S1", tags=("recorded", "tensor_core"),
+          launch=story_launch,
           description="the story's head-batched kernel: SGLang's loop over the whole padded row, BLOCK_H 32 "
                       "(2 programs per request at H=64)")
 def sparse_decode_story(q, cache, indices, *, topk_len, sm_scale, attn_sink, tiles=STORY_TILES,
@@ -335,8 +333,21 @@ def sparse_decode_story(q, cache, indices, *, topk_len, sm_scale, attn_sink, til
     return finish(out), lse
 
 
-@register("sparse_decode", "mma_story_stop", stage="S1stop",
+@register("sparse_decode", "mma_story_stop", stage="S1stop", tags=("tensor_core",),
+          launch=story_launch,
           description="the story's head-batched kernel stopping each row at its topk_len (the lab's change)")
 def sparse_decode_story_stop(q, cache, indices, *, topk_len, sm_scale, attn_sink, tiles=STORY_TILES):
     return sparse_decode_story(q, cache, indices, topk_len=topk_len, sm_scale=sm_scale, attn_sink=attn_sink,
                                tiles=tiles, stop_at_len=True)
+
+
+@register("sparse_decode", "mma", stage="S1best", tags=("recorded", "tensor_core"), launch=mma_launch,
+          description="the lab's tuned head-batched kernel, whole rows",
+          max_scale_byte=lambda B, H, K: max_scale_byte(mma_launch(B, H, K)))
+def sparse_decode_mma(q, cache, indices, *, topk_len, sm_scale, attn_sink, opts: Launch | None = None):
+    B, H, D = q.shape
+    opts = opts or mma_launch(B, H, indices.shape[1])
+    out = alloc((B, H, D), out_dtype(), q.device)
+    lse = alloc((B, H), torch.float32, q.device)
+    launch(q.contiguous(), cache, indices.contiguous(), topk_len, sm_scale, attn_sink, out, lse, opts)
+    return finish(out), lse

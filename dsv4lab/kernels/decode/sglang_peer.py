@@ -17,10 +17,11 @@ import os
 
 import torch
 
-from .. import api, errors
-from ..api import register
-from ..device import is_interpret
-from . import guards
+from ... import errors
+from ...config import DATA_BYTES, NOPE_DIM, ROPE_DIM
+from ...device import is_interpret
+from ...registry import register
+from .. import guards
 
 SGLANG_VERSION = "0.5.23"
 #: SGLang's merge and sink take a partial whose lse is at or below this for one with no valid token
@@ -66,7 +67,7 @@ def module():
     ``_run_triton_sparse_decode`` (which SGLang's ``flash_mla_sparse_decode_triton`` calls per cache)
     takes its indices through the lab's device-side guard first (kernels.guards: an index past the
     cache becomes padding, topk_length is clamped, both flagged; no host sync), since SGLang's
-    kernel trusts them, and its rows through the lab's non-finite contract (api.peer_rows). SGLang's
+    kernel trusts them, and its rows through the lab's non-finite contract (guards.peer_rows). SGLang's
     code itself runs unchanged."""
     path = sglang_file()
     spec = importlib.util.spec_from_file_location("dsv4lab_sglang_flash_mla_sm120_triton", path)
@@ -79,7 +80,7 @@ def module():
         idx, tlen = guards.sanitize_decode(indices.reshape(B, -1), None if topk_length is None else
                                            topk_length.contiguous(), None, k_cache.shape[0] * k_cache.shape[1])
         # SGLang's merge and sink then read an lse <= -1e20 as "no token": such rows are flagged NaN
-        return api.peer_rows(*original(q, k_cache, idx, tlen, softmax_scale), idx, tlen, empty_at=EMPTY_LSE)
+        return guards.peer_rows(*original(q, k_cache, idx, tlen, softmax_scale), idx, tlen, empty_at=EMPTY_LSE)
     mod._run_triton_sparse_decode = run_guarded
     mod.unguarded_run_triton_sparse_decode = original
     return mod
@@ -107,10 +108,10 @@ def one_config_when_interpreting(mod=None):
 def run(q, cache, indices, topk_len, sm_scale, empty_at=-math.inf):
     """Launch SGLang's kernel on q [B,H,512] and the lab's cache; returns (out, lse) [B,H,*]. Indices
     past cache.num_tokens become padding and topk_len is clamped first, on the device (kernels.guards);
-    rows SGLang's kernel cannot compute come out NaN, flagged (api.peer_rows: an lse at or below
+    rows SGLang's kernel cannot compute come out NaN, flagged (guards.peer_rows: an lse at or below
     ``empty_at`` after reading a token is one)."""
     indices, topk_len = guards.sanitize_decode(indices, topk_len, None, cache.num_tokens)
-    return api.peer_rows(*_launch(q, cache, indices, topk_len, sm_scale), indices, topk_len, empty_at=empty_at)
+    return guards.peer_rows(*_launch(q, cache, indices, topk_len, sm_scale), indices, topk_len, empty_at=empty_at)
 
 
 def _launch(q, cache, indices, topk_len, sm_scale):
@@ -130,14 +131,15 @@ def _launch(q, cache, indices, topk_len, sm_scale):
     mod._tiled_sparse_decode_kernel.fn[(B, H)](
         q3, raw.view(torch.float8_e4m3fn), raw, raw.view(torch.bfloat16), indices,
         topk_len if topk_len is not None else torch.empty(0, device=q.device, dtype=torch.int32),
-        out, lse, sm_scale, k_cache.shape[1], int(page_bytes), int(k_cache.shape[1] * 576), H, topk,
+        out, lse, sm_scale, k_cache.shape[1], int(page_bytes), int(k_cache.shape[1] * DATA_BYTES), H, topk,
         1 << (topk - 1).bit_length(), topk_len is not None,
         q3.stride(0), q3.stride(1), out.stride(0), out.stride(1), indices.stride(0),
-        NOPE_PAD=512, ROPE_DIM=64, NOPE_DIM_RT=448, BLOCK_T=INTERPRET_BLOCK_T)
+        NOPE_PAD=512, ROPE_DIM=ROPE_DIM, NOPE_DIM_RT=NOPE_DIM, BLOCK_T=INTERPRET_BLOCK_T)
     return out, lse
 
 
-@register("sparse_decode", "sglang", stage="S0", needs=("sglang",),
+@register("sparse_decode", "sglang", stage="S0", needs=("sglang",), tags=("recorded", "baseline"),
+          available=unavailable_reason,
           description="SGLang 0.5.23's _tiled_sparse_decode_kernel (SIMT), from its wheel")
 def sparse_decode_sglang(q, cache, indices, *, topk_len, sm_scale, attn_sink):
     # SGLang's sink reads an lse <= -1e20 as "no token"

@@ -18,9 +18,9 @@ import pstats
 
 import torch
 
-from . import bench, reference, roofline
-from .device import mode
-from .testing import LSE_TOL, OUT_TOL, poisoned, rel_err
+from dsv4lab import bench, reference, roofline
+from dsv4lab.device import mode
+from dsv4lab.testing import LSE_TOL, OUT_TOL, poisoned, rel_err
 
 #: the softmax scale of every decode here (1 / sqrt(head_dim))
 SCALE = 512 ** -0.5
@@ -117,7 +117,7 @@ def best_of(passes: int, variants: dict, measure) -> dict:
 def decode(opts, inp):
     """One sparse decode of ``inp`` (testing.DecodeInputs) with the launch options ``opts``
     (planning.Launch): split_k.run, which is the stage-2 launch alone when opts.nsplit == 1."""
-    from .kernels import split_k
+    from dsv4lab.kernels.decode import split_k
     return split_k.run(inp.q, inp.cache, inp.indices, inp.topk_len, SCALE, inp.attn_sink, opts)
 
 
@@ -167,7 +167,7 @@ def time_variants(variants: dict, inp, smoke: bool) -> dict:
 
 def split_plans(B: int, H: int, K: int) -> list:
     """The split launches (NSPLIT > 1) impls splitk and splitk_auto take for the shape (planning.Plan), once each."""
-    from . import planning
+    from dsv4lab.kernels.decode import planning
     found = {}
     for p in (planning.choose_split(B, H, K), planning.choose(B, H, K)):
         if p.nsplit > 1:

@@ -11,8 +11,8 @@
   ``HOPPER_FROM_PROGRAMS_SHORT_K`` programs, and below K = 128 never. Measured: K = 512 and 128 at
   64 heads; K between them, above 512, or 128 heads follow the rule unmeasured. Below 64 heads
   it would pad its 64-row wgmma tile.
-* ``splitk_auto`` everywhere else: the story's stage-S2 kernel with tiles and NSPLIT from the
-  launch-time model (kernels/split_k.py), which Triton's interpreter also runs on a CPU.
+* ``splitk_auto`` everywhere else: the replay's S2 kernel with tiles and NSPLIT from the
+  launch-time model (split_k.py), which Triton's interpreter also runs on a CPU.
 
 The choice depends on the shape and the device only, so a captured CUDA graph replays one kernel.
 """
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 
-from ..api import register
+from ...registry import register
 from . import head_batched, hopper, split_k
 
 #: programs of 64 heads (B x ceil(H / 64)) from which the Hopper kernel is the faster one at K >= 512:
@@ -59,7 +59,7 @@ def _max_scale_byte(B, H, K):
     return hopper.MAX_SCALE_BYTE if picks_hopper(B, H, K) else head_batched.max_scale_byte(split_k.auto_launch(B, H, K))
 
 
-@register("sparse_decode", "auto", stage="S2 / beyond", max_scale_byte=_max_scale_byte,
+@register("sparse_decode", "auto", tags=("recorded", "tensor_core"), dispatch=chosen, max_scale_byte=_max_scale_byte,
           description="the fastest here: hopper on sm_90 from 8 programs of 64 heads (64 below K = 512), "
                       "else splitk_auto")
 def sparse_decode_auto(q, cache, indices, *, topk_len, sm_scale, attn_sink):

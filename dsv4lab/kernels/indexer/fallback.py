@@ -1,4 +1,4 @@
-"""Stage 4, the indexer's GEMM: SGLang's CUDA-graph-safe torch fallback, in fp32 and in bf16.
+"""The indexer of S0-S3: SGLang's CUDA-graph-safe torch fallback, its GEMM in fp32 (S0) and in bf16 (S3).
 
 The lightning indexer scores every past token of a request for the sparse attention's
 top-k (docs/dsv4.md):
@@ -14,7 +14,7 @@ Every step pays for the *maximum* context, whatever the live one. The story's fi
 version forced that bmm to fp32 (a SIMT GEMM: 17% of its profile); the fix ran it in bf16
 on tensor cores. Both are here (``gemm_dtype``), and SGLang's own function, read from its
 wheel, as ``impl="sglang"`` (SGLang also splits batches above 1024 rows into chunks; the lab's
-copy does not). Stage 5 (indexer.py) removes the max-context cost.
+copy does not). S4 (triton_indexer.py) removes the max-context cost.
 """
 from __future__ import annotations
 
@@ -27,9 +27,11 @@ import os
 import torch
 import torch.nn.functional as F
 
-from .. import api
-from ..api import register
-from ..cache import INDEX_DIM, IndexKCache
+from ...config import INDEX_DIM
+from ...cache import IndexKCache
+from ...registry import register
+from ..decode.sglang_peer import SGLANG_VERSION, SGLangMissing
+from ..guards import flag_nonfinite_logits
 
 _SGLANG_REL = ("srt", "layers", "attention", "dsv4", "indexer.py")
 _SGLANG_FN = "fp8_paged_mqa_logits_torch_sm120"
@@ -62,9 +64,9 @@ def topk_from_logits(logits, k: int, seq_lens=None):
     """Positions of the k largest logits per row that are not -inf (NaN above every number, as
     torch.topk), -1 where a row has fewer: the same contract as reference.topk_indices, on the GPU
     without a host sync (graph-safe). With ``seq_lens`` (as sanitized: the registered impls), a live
-    logit that is not finite is flagged (api.flag_nonfinite_logits)."""
+    logit that is not finite is flagged (guards.flag_nonfinite_logits)."""
     if seq_lens is not None:
-        api.flag_nonfinite_logits(logits, seq_lens)
+        flag_nonfinite_logits(logits, seq_lens)
     B, L = logits.shape
     vals, idx = torch.topk(logits, min(k, L), dim=-1)
     idx = torch.where(vals != -math.inf, idx, torch.full_like(idx, -1)).int()
@@ -74,7 +76,6 @@ def topk_from_logits(logits, k: int, seq_lens=None):
 
 
 def sglang_indexer_file() -> str:
-    from .sglang_peer import SGLANG_VERSION, SGLangMissing
     spec = importlib.util.find_spec("sglang")
     if spec is None or not spec.submodule_search_locations:
         raise SGLangMissing(f"sglang is not installed; install it with `pip install --no-deps sglang=={SGLANG_VERSION}`")
@@ -99,6 +100,15 @@ def sglang_function():
     return ns[_SGLANG_FN]
 
 
+def unavailable_reason() -> str | None:
+    """None when SGLang's function can be read from its wheel, else why (and how to install it)."""
+    try:
+        sglang_function()
+    except ImportError as e:
+        return str(e)
+    return None
+
+
 def logits_sglang(q, index_cache, weights, seq_lens, page_table, max_seq_len):
     fn = sglang_function()
     return fn(q.unsqueeze(1), index_cache.kv, weights.float(), seq_lens, page_table, None, max_seq_len,
@@ -113,18 +123,21 @@ for _name, _dt in (("torch_fp32", torch.float32), ("torch_bf16", torch.bfloat16)
         return topk_from_logits(logits_torch(q, index_cache, weights, seq_lens, page_table, max_seq_len, _dt), topk,
                                 seq_lens)
     _props = dict(stage="S0" if _dt == torch.float32 else "S3", reads_dead_pages=True,
+                  tags=("recorded", "exact") if _dt == torch.float32 else ("recorded",),
                   description=f"SGLang's graph-safe torch fallback over the max context, {_dt} bmm")
     register("indexer_logits", _name, **_props)(_logits)
     register("indexer_topk", _name, **_props)(_topk)
 
 
-@register("indexer_logits", "sglang", stage="S3", needs=("sglang",), reads_dead_pages=True,
+@register("indexer_logits", "sglang", stage="S3", needs=("sglang",), reads_dead_pages=True, tags=("recorded",),
+          available=unavailable_reason,
           description="SGLang's fp8_paged_mqa_logits_torch_sm120 (bf16 bmm over the max context), from its wheel")
 def _logits_sglang(q, index_cache, weights, seq_lens, page_table, *, max_seq_len):
     return logits_sglang(q, index_cache, weights, seq_lens, page_table, max_seq_len)
 
 
-@register("indexer_topk", "sglang", stage="S3", needs=("sglang",), reads_dead_pages=True,
+@register("indexer_topk", "sglang", stage="S3", needs=("sglang",), reads_dead_pages=True, tags=("recorded",),
+          available=unavailable_reason,
           description="SGLang's fp8_paged_mqa_logits_torch_sm120 (bf16 bmm over the max context), from its wheel")
 def _topk_sglang(q, index_cache, weights, seq_lens, page_table, *, max_seq_len, topk):
     return topk_from_logits(logits_sglang(q, index_cache, weights, seq_lens, page_table, max_seq_len), topk, seq_lens)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 import triton
 
-from .device import info, is_interpret
+from ...device import info, is_interpret
 
 #: the kernel loops head_batched runs (TileConfig.loop):
 #: "plain"     indices and bytes loaded in the iteration that uses them
@@ -43,7 +43,7 @@ class TileConfig:
     us_per_tile: float | None = None   # measured: a program's time per BLOCK_N tile (the slope)
     fixed_us: float = 0.0              # measured: a launch's time beyond its tiles (the intercept)
     merge_us: float = 3.0              # measured: what split-K's merge adds to a launch of these tiles
-    dequant: str = "cvt"               # "cvt" or "bits" (kernels.common.dequant_kv), whole-row launches
+    dequant: str = "cvt"               # "cvt" or "bits" (kv_tiles.dequant_kv), whole-row launches
     fold_scale: bool = False           # softmax scale inside exp2's FMA, whole-row launches
 
     def __post_init__(self):
@@ -98,11 +98,16 @@ TILE_TABLE = _Table({
     ("default", "split"): TileConfig(64, 16, 8, 2, "fallback for other GPUs: not measured"),
 })
 
-#: The story's stage-2 launch as it published it: a head-batched grid (B, H / BLOCK_H) with two
+
+def table_dict() -> dict:
+    """The tile table as a recorded run stores it: {"<device>/<use>": the entry's fields}."""
+    return {f"{k[0]}/{k[1]}": vars(v) for k, v in TILE_TABLE.items()}
+
+#: The story's S1 launch as it published it: a head-batched grid (B, H / BLOCK_H) with two
 #: programs per request for 64 heads, plain tl.dot loop, none of the lab's later refinements.
 #: The story gives no tile size along the tokens; 32 with 4 warps fits its GPU's ~99 KB of shared
 #: memory per block. Used by impl "mma_story" on every device.
-STORY_TILES = TileConfig(32, 32, 8, 1, "the story's stage-2 launch (BLOCK_H 32: 2 programs for 64 heads)")
+STORY_TILES = TileConfig(32, 32, 8, 1, "the story's S1 launch (BLOCK_H 32: 2 programs for 64 heads)")
 
 
 def device_key() -> str:

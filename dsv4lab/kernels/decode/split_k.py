@@ -1,19 +1,19 @@
-"""Stage 3, split-K: more programs for small batches, merged by log-sum-exp.
+"""S2's kernel, split-K: more programs for small batches, merged by log-sum-exp.
 
 At batch 1 the head-batched grid has B * H / BLOCK_H programs (1 for H=64, BLOCK_H=64) on a
-chip with 132 SMs. Split the top-k row into NSPLIT slices: each program runs the stage-2 kernel
-body (head_batched._head_batched_kernel with SPLIT) on its slice and writes a partial (o_i in
+chip with 132 SMs. Split the top-k row into NSPLIT slices: each program runs the head-batched
+kernel's body (head_batched._head_batched_kernel with SPLIT) on its slice and writes a partial (o_i in
 bf16 on the GPU, fp32 in the interpreter; lse_i fp32); a second launch merges them:
 
     lse = log(sum_i exp(lse_i)),   o = sum_i exp(lse_i - lse) * o_i
 
 Slices with no valid token have lse_i = -inf and weigh 0; a row with none at all gives o = 0,
 lse = -inf; the sink is applied once, after the merge. NSPLIT depends only on (B, H, K) and the
-SM count (planning.py), never on data, and the workspace is kept per shape for each caller (per
+SM count (planning.py beside it), never on data, and the workspace is kept per shape for each caller (per
 thread and stream) and allocated afresh in a CUDA-graph capture (dsv4lab.concurrency), so both
-launches capture in a CUDA graph and concurrent callers never read each other's partials. ``splitk_auto`` picks tiles and NSPLIT (1 = the stage-2 launch
-alone) with the launch-time model in planning.plans; it is the stage the story shipped, and what
-``auto`` runs wherever the Hopper kernel does not (kernels/auto.py).
+launches capture in a CUDA graph and concurrent callers never read each other's partials. ``splitk_auto`` picks tiles and NSPLIT (1 = the head-batched
+launch alone) with the launch-time model in planning.plans; it is the replay's S2, and what ``auto``
+runs wherever the Hopper kernel does not (auto.py).
 """
 from __future__ import annotations
 
@@ -23,11 +23,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import errors
-from ..api import register
-from ..planning import Launch, choose, choose_split, launch_of_plan, per_shape
-from . import common, head_batched
-from .common import NONFINITE_FLAG, SINK_FLAG, alloc, cdiv, finish, launch_kernel, next_power_of_2, out_dtype
+from ... import errors
+from ...registry import register
+from .. import buffers
+from ..buffers import alloc, finish, out_dtype
+from ..launch import cdiv, launch_kernel, next_power_of_2
+from ..rows import NONFINITE_FLAG, SINK_FLAG
+from . import head_batched
+from .planning import Launch, choose, choose_split, launch_of_plan, per_shape
 
 
 @triton.jit
@@ -140,12 +143,12 @@ def _combine_args(B, H, nsplit, D, partials: torch.dtype, has_sink, pdl, heads, 
 def workspace(B, H, nsplit, device, partials: str = "float32", *, poison: bool = False):
     """Partials (o [B, H, NSPLIT, 512] in ``partials``, lse [B, H, NSPLIT] fp32): the caller's own,
     kept per shape and reused on its every call; fresh while a CUDA graph is captured
-    (common.workspaces)."""
-    ws = common.workspaces(("split_k", B, H, nsplit, partials, device), device, lambda: (
+    (buffers.workspaces)."""
+    ws = buffers.workspaces(("split_k", B, H, nsplit, partials, device), device, lambda: (
         torch.empty((B, H, nsplit, 512), dtype=getattr(torch, partials), device=device),
         torch.empty((B, H, nsplit), dtype=torch.float32, device=device)))
     if poison:
-        common.poison_all(*ws)
+        buffers.poison_all(*ws)
     return ws
 
 
@@ -184,13 +187,14 @@ def auto_launch(B: int, H: int, K: int) -> Launch:
     return launch_of_plan(choose(B, H, K))
 
 
-@register("sparse_decode", "splitk", stage="S2", description="split-K: slices of the top-k row + an LSE merge",
+@register("sparse_decode", "splitk", stage="S2", tags=("recorded", "tensor_core"), launch=splitk_launch,
+          description="split-K: slices of the top-k row + an LSE merge",
           max_scale_byte=lambda B, H, K: head_batched.max_scale_byte(splitk_launch(B, H, K)))
 def sparse_decode_splitk(q, cache, indices, *, topk_len, sm_scale, attn_sink):
     return run(q, cache, indices, topk_len, sm_scale, attn_sink, splitk_launch(q.shape[0], q.shape[1], indices.shape[1]))
 
 
-@register("sparse_decode", "splitk_auto", stage="S2",
+@register("sparse_decode", "splitk_auto", stage="S2", tags=("recorded", "tensor_core"), launch=auto_launch,
           description="split-K with tiles and NSPLIT picked per shape by the launch-time model",
           max_scale_byte=lambda B, H, K: head_batched.max_scale_byte(auto_launch(B, H, K)))
 def sparse_decode_splitk_auto(q, cache, indices, *, topk_len, sm_scale, attn_sink):

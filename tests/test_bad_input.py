@@ -2,10 +2,10 @@
 and the table is the rendering of those cases."""
 import pytest
 
-from dsv4lab import contracts, report
+from dsv4lab import bad_input, report
 
 
-@pytest.mark.parametrize("case", contracts.CASES, ids=lambda c: f"{c.entry}: {c.bad} [{c.checks}]")
+@pytest.mark.parametrize("case", bad_input.CASES, ids=lambda c: f"{c.entry}: {c.bad} [{c.checks}]")
 def test_case_gets_what_the_table_says(case):
     if case.raises is None:
         case.run()                                  # answers; the case checks its answer itself
@@ -16,7 +16,7 @@ def test_case_gets_what_the_table_says(case):
 
 
 def test_readme_table_is_the_rendering():
-    assert len(contracts.CASES) >= 30
+    assert len(bad_input.CASES) >= 30
     assert "bad-input" in report.SECTIONS
-    assert report.render("bad-input") == contracts.render()
+    assert report.render("bad-input") == bad_input.render()
     assert "bad-input" not in report.sync_readme(write=False), "run `python -m dsv4lab readme`"

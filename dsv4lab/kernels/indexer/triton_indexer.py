@@ -1,6 +1,6 @@
-"""Stage 5, a CUDA-graph-safe Triton indexer that pays for the live context, not the maximum.
+"""S4's indexer: a CUDA-graph-safe Triton indexer that pays for the live context, not the maximum.
 
-Stage 4's torch path (indexer_gemm.py) gathers, dequantizes and multiplies
+The torch path of S0-S3 (fallback.py) gathers, dequantizes and multiplies
 ceil(max_seq_len / 64) pages of every request on every decode step. Here the grid is
 fixed by shapes only, (B, NPROG) with NPROG from the SM count, so one captured graph
 serves every step; each program reads its request's ``seq_len`` on the device and walks
@@ -13,14 +13,14 @@ Positions past ``seq_len`` get -inf: inside the last live page by a mask, beyond
 fill loop that stores -inf and reads nothing (the public ``indexer_logits`` contract).
 
 ``indexer_topk(impl="triton")`` runs the same kernel without that fill, then the exact top-k of
-kernels/topk.py over each row's live prefix: the whole step reads and writes bytes that follow
+topk.py over each row's live prefix: the whole step reads and writes bytes that follow
 the live context only. What still scales with max_seq_len there: the [B, max_seq_len] fp32 logits
 *allocation* (graph-safe code cannot size a buffer from device data), of which only the live
 positions are written and used, and the page table's shape (only live entries are used). The
 top-k's chunks load the first min(width, 8192) positions of a row whatever its length (their load
 goes out before seq_len arrives; positions past seq_len are dropped unread by the select): a
 constant, not a share of max_seq_len. Outside
-a captured graph, the API's range check (``api.check_indexer_args``) reads the whole page table on
+a captured graph, the API's range check (``contracts.check_indexer_args``) reads the whole page table on
 the host; the registered functions, which a graph captures, do not.
 
 Page-table safety (no host check runs under CUDA-graph capture): an entry of a live page outside
@@ -39,12 +39,15 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import errors
-from ..api import register
-from ..cache import INDEX_DIM, IndexKCache
-from ..device import info, is_interpret
-from . import common
-from .common import alloc, cdiv, dot_dtype, launch_kernel, next_power_of_2, nonfinite_query
+from ... import errors
+from ...cache import IndexKCache
+from ...config import INDEX_DIM, PAGE_SIZE
+from ...device import info, is_interpret
+from ...registry import register
+from .. import buffers
+from ..buffers import alloc
+from ..launch import bind_launch, cdiv, dot_dtype, launch_kernel, next_power_of_2
+from ..rows import nonfinite_query
 from .topk import TOPK, TopkLaunch, launches, select, topk_triton
 
 
@@ -191,7 +194,7 @@ def _indexer_kernel(Q, W, KV_FP8, KV_F32, SEQ, PT, OUT, ERR, max_seq_len, num_pa
             tl.store(row + s0 + f, float("-inf"), mask=s0 + f < max_seq_len)
 
 
-def grid(B: int, max_seq_len: int, page_size: int = 64, programs_per_sm: int | None = None) -> tuple[int, int]:
+def grid(B: int, max_seq_len: int, page_size: int = PAGE_SIZE, programs_per_sm: int | None = None) -> tuple[int, int]:
     """(B, NPROG): about ``programs_per_sm`` programs per SM in all (default the shipped launch's),
     at most one per page of the maximum context. Shapes only: the same launch for every step of a
     captured graph."""
@@ -280,7 +283,7 @@ def _logits_args(launch: LogitsLaunch, B, H, D, max_seq_len, page_size, nprog, f
 def topk_step(q, index_cache: IndexKCache, weights, seq_lens, page_table, max_seq_len: int, k: int, *,
               launch: LogitsLaunch | None = None, topk_launch: TopkLaunch | None = None):
     """The whole indexer step over the live context: logits of the live pages only (no -inf fill),
-    then the exact top-k of kernels/topk.py over each row's live prefix. Two launches (three with
+    then the exact top-k of topk.py over each row's live prefix. Two launches (three with
     the top-k's ``merge="launch"``), no host sync. Returns positions int32 [B, k]: ascending, ties
     to the lower position, -1 padded. It guards its own inputs as the API's contract says: seq_lens clamped to
     [0, max_seq_len] (both kernels), a request cut before its first live page id outside the cache
@@ -311,7 +314,7 @@ class PreparedStep:
         self.logits_shape, self.out_shape, self.device = (B, max_seq_len), (B, k), q.device
         g, scalars, consts = _logits_plan(q, index_cache, weights, page_table, max_seq_len, LOGITS, False)
         fp8, f32 = index_cache.flat_views            # the cache's two pointers, as __call__ passes them
-        self.logits = common.bind_launch(_indexer_kernel, g, scalars, consts, (
+        self.logits = bind_launch(_indexer_kernel, g, scalars, consts, (
             q.dtype, weights.dtype, fp8.dtype, f32.dtype, seq_lens.dtype, page_table.dtype, torch.float32, torch.int32))
         self.err = errors.word(q.device)
         self.topk = launches(B, max_seq_len, max_seq_len, k, TOPK,
@@ -322,14 +325,14 @@ class PreparedStep:
         """A PreparedStep for these (checked) arguments, or None where the registered step would copy
         an input first (not contiguous; page-table rows of non-unit stride), B is 0, or outputs are
         being poisoned (its workspaces would be filled again for nothing)."""
-        if (q.shape[0] == 0 or common._POISON[0]
+        if (q.shape[0] == 0 or buffers._POISON[0]
                 or not (q.is_contiguous() and weights.is_contiguous() and seq_lens.is_contiguous())
                 or (page_table.shape[1] > 1 and page_table.stride(1) != 1)):
             return None
         return PreparedStep(q, index_cache, weights, seq_lens, page_table, max_seq_len, k)
 
     def __call__(self, q, index_cache, weights, seq_lens, page_table):
-        if (self.cache() is not index_cache or common._POISON[0]
+        if (self.cache() is not index_cache or buffers._POISON[0]
                 or self.options[0] is not LOGITS or self.options[1] is not TOPK):
             return None
         logits = torch.empty(self.logits_shape, dtype=torch.float32, device=self.device)
@@ -340,13 +343,13 @@ class PreparedStep:
         return out
 
 
-@register("indexer_logits", "triton", stage="S4", description="the Triton indexer: live pages only")
+@register("indexer_logits", "triton", stage="S4", tags=("recorded", "exact"), description="the Triton indexer: live pages only")
 def _logits(q, index_cache, weights, seq_lens, page_table, *, max_seq_len):
     return logits_triton(q.contiguous(), index_cache, weights.contiguous(), seq_lens.contiguous(), page_table.contiguous(),
                          max_seq_len)
 
 
-@register("indexer_topk", "triton", stage="S4", guards_inputs=True, prepare=PreparedStep.make,
+@register("indexer_topk", "triton", stage="S4", tags=("recorded", "exact"), guards_inputs=True, prepare=PreparedStep.make,
           description="the Triton indexer and an exact radix top-k, both over the live context only")
 def _topk(q, index_cache, weights, seq_lens, page_table, *, max_seq_len, topk):
     return topk_step(q.contiguous(), index_cache, weights.contiguous(), seq_lens.contiguous(), page_table,

@@ -70,71 +70,18 @@ The contract (``reference.topk_positions`` is the same in float64):
 
 Ascending positions, not descending logits: the sparse decode reads the chosen tokens as a set
 (one softmax over all of them), and in position order its gathers walk the paged cache forward.
+
+The kernel's ``ROLE`` says what a program does: 0 the top-k of a whole row, 1 the top-k of one chunk
+of a row (its candidates), 2 the merge of a row's candidates, 3 a chunk that also merges its row when
+it is the row's last to finish. The launches and their options are in topk.py beside this file.
 """
 from __future__ import annotations
 
-import functools
-from dataclasses import asdict, dataclass
-
-import torch
 import triton
 import triton.language as tl
 
-from .. import errors
-from ..api import MAX_TOPK
-from ..device import info, is_interpret
-from . import common
-from .common import INDEXER_NONFINITE_FLAG, alloc, launch_kernel, live_length, next_power_of_2
+from ..rows import INDEXER_NONFINITE_FLAG, live_length
 
-
-@dataclass(frozen=True)
-class TopkLaunch:
-    """The top-k kernel's launch options (experiments/indexer_topk times variants of them).
-
-    ``tile``: positions a program holds in registers at once (8192: the campaign's live length
-    in one tile); ``radix``: key bits resolved per pass (5: 32 bins, the fewest Triton's
-    histogram takes, one per lane of a warp; the cost per key of its ballot-based histogram grows
-    with the bins); ``num_warps``: per program (16 warps hold a tile of 8192 keys as 16 a thread);
-    ``anchor``: the key bits of pass 0's buckets (0: no pass 0, the radix starts at the top bit);
-    ``split``: programs per row S (a power of two; None: ``split_for`` from the shapes; 1: the
-    one-launch path). With S > 1 chunk s of a row of n live positions is [s*ceil(n/S), ...), each
-    chunk program holds ``tile / S`` positions at once, and the row's S*k candidates are selected
-    among the same way (a tile of min(``tile``, S*k rounded up to a power of two)). While a row
-    fits S tiles of ``tile / S`` its chunks are those tiles instead (chunk s starts at s*tile/S
-    whatever seq_len says, so the chunk's load is issued beside seq_len's, not after it; the
-    positions it loads past seq_len are never used). ``merge``
-    (S > 1): "fused", the row's last chunk program to finish does that in the chunk launch (one
-    launch in all); "launch", a second launch of B programs does it. ``rebase``: after a miss of
-    pass 0, anchor its buckets again at the smallest key. ``histogram``: how the refining passes
-    count ("ballot": ``tl.histogram``, ~45 instructions a key whether it still matches or not;
-    "shared": shared-memory atomics by inline PTX, one per distinct digit of a warp's matching
-    keys, ~10 instructions a key; a GPU only: the interpreter, and launches whose tiles are smaller
-    than their programs' threads, count by ballots, ``counts_in_shared``). Pass 0 counts by
-    ballots either way."""
-    tile: int = 8192
-    radix: int = 5
-    num_warps: int = 16
-    anchor: int = 11
-    split: int | None = None
-    merge: str = "fused"
-    rebase: bool = True
-    histogram: str = "shared"
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-#: the shipped launch: tile 8192, 5-bit passes, split from ``split_for``, the merge fused into
-#: the chunk launch (H200, B = 32, live 8192: 18.8 us, against 20.5 us with a merge launch and
-#: 22.6 us with S = 1; experiments/indexer_topk, run 8), pass 0 over eight octaves with a second
-#: anchor after a miss, each chunk's tile loaded beside seq_len (16.6-16.7 us; 18.3-18.7 for four
-#: octaves and no second anchor; experiments/indexer_topk, lean runs 3-6), the refining passes
-#: counted in shared memory by 16 warps (H100, lean run 10: 15.6 us against 17.1 with ballots and
-#: 8 warps in the same run; pass 0 in shared memory too was slower, lean run 11; H200, run 15:
-#: 15.3 us, where run 13 timed the ballot launch at 16.8), no reloads in the emit and the merge
-#: anchored at the chunks' maxima (H100, lean run 13: 14.9-15.1 us against 15.3-15.5 for run 15's
-#: kernel in the same run; runs 17-18: 15.0 / 15.0-15.2 us at max 262208 / 1M)
-TOPK = TopkLaunch()
 #: output positions one store of the -1 padding covers
 OUT_BLOCK = 1024
 #: +inf's key (order_keys): a key at or above it is a +inf or NaN logit
@@ -245,15 +192,15 @@ def _load_keys(row, c, offs, n):
 
 
 @triton.jit
-def _load_tile(row, aux, c, offs, n, STAGE: tl.constexpr):
-    """Tile c of a row: its keys, and what its chosen keys store besides their slots (_store): stage 1
-    the logits themselves, stage 2 the positions the candidates stand for (from ``aux``)."""
+def _load_tile(row, aux, c, offs, n, ROLE: tl.constexpr):
+    """Tile c of a row: its keys, and what its chosen keys store besides their slots (_store): role 1
+    the logits themselves, role 2 the positions the candidates stand for (from ``aux``)."""
     pos = c + offs
     x = tl.load(row + pos, mask=pos < n, other=float("-inf"))
     key = order_keys(x, pos < n)
-    if STAGE == 1:
+    if ROLE == 1:
         held = x
-    elif STAGE == 2:
+    elif ROLE == 2:
         held = tl.load(aux + pos, mask=pos < n, other=-1)
     else:
         held = pos
@@ -291,13 +238,13 @@ def _tally(packed, k_rem, eq_seen, taken):
 
 
 @triton.jit
-def _store(out, aux, sel, slot, pos, start, held, STAGE: tl.constexpr):
-    """Store one tile's chosen keys (``held``: from _load_tile): stage 0 their positions; stage 1 the
-    candidates (position start + pos in ``out``, its logit in ``aux``); stage 2 the positions the
+def _store(out, aux, sel, slot, pos, start, held, ROLE: tl.constexpr):
+    """Store one tile's chosen keys (``held``: from _load_tile): role 0 their positions; role 1 the
+    candidates (position start + pos in ``out``, its logit in ``aux``); role 2 the positions the
     candidates stand for. Nothing is loaded again: a load here would wait a round trip to L2."""
-    if STAGE == 0:
+    if ROLE == 0:
         tl.store(out + slot, pos, mask=sel)
-    elif STAGE == 1:
+    elif ROLE == 1:
         tl.store(out + slot, start + pos, mask=sel)
         tl.store(aux + slot, held, mask=sel)
     else:
@@ -307,26 +254,26 @@ def _store(out, aux, sel, slot, pos, start, held, STAGE: tl.constexpr):
 @triton.jit
 def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, MAXK, width, k, stride_xb, stride_ob, stride_fb, num_pages,
                  stride_pb, TILE: tl.constexpr, RADIX: tl.constexpr, OUT_BLOCK: tl.constexpr,
-                 ANCHOR: tl.constexpr = 11, STAGE: tl.constexpr = 0, GUARD: tl.constexpr = False,
+                 ANCHOR: tl.constexpr = 11, ROLE: tl.constexpr = 0, GUARD: tl.constexpr = False,
                  PAGE: tl.constexpr = 64, MERGE_TILE: tl.constexpr = 32, REBASE: tl.constexpr = True,
                  SHARED_HIST: tl.constexpr = False, SPLIT: tl.constexpr = 1):
-    """STAGE 0: the top-k of row b's live prefix. STAGE 1 (grid (B, S)): the top-k of chunk s of
+    """ROLE 0: the top-k of row b's live prefix. ROLE 1 (grid (B, S)): the top-k of chunk s of
     it, written as k candidates (positions to OUT, logits to AUX: [B, S*k], chunk s at s*k, -1 /
-    -inf padded). STAGE 2: the top-k of a row's S*k candidates (X), emitted as the positions AUX
-    holds for them. STAGE 3 (S = SPLIT): stage 1, then the row's last chunk to finish (a ticket from
-    the row's counter CNT[b]) runs stage 2 on the row's candidates into FINAL, in tiles of
+    -inf padded). ROLE 2: the top-k of a row's S*k candidates (X), emitted as the positions AUX
+    holds for them. ROLE 3 (S = SPLIT): role 1, then the row's last chunk to finish (a ticket from
+    the row's counter CNT[b]) runs role 2 on the row's candidates into FINAL, in tiles of
     MERGE_TILE, anchored at the largest of the chunks' largest keys (MAXK [B, S]).
     GUARD (stages 0, 1, 3): seq_lens[b] is checked and cut as the indexer's contract says
-    (common.live_length) and flagged in the error word ERR. SHARED_HIST: the refining passes count
+    (rows.live_length) and flagged in the error word ERR. SHARED_HIST: the refining passes count
     by shared-memory atomics (``TopkLaunch.histogram``)."""
     b = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     offs = tl.arange(0, TILE)
     start = 0
-    if STAGE == 2:
+    if ROLE == 2:
         n = width                                                      # every candidate (padding is -inf)
         aux = AUX + b * stride_xb
-    elif STAGE % 2 == 1:
+    elif ROLE % 2 == 1:
         # chunks of TILE positions while the row fits S of them: chunk s starts at s * TILE whatever
         # seq_len says, so its tile's load goes out beside seq_len's instead of after it
         first = s * TILE + offs
@@ -344,11 +291,11 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, MAXK, width, k, stride_x
         aux = AUX + b * stride_ob + s * k
     row = X + b * stride_xb + start
     out = OUT + b * stride_ob + s * k
-    if STAGE % 2 == 1:
+    if ROLE % 2 == 1:
         key0 = order_keys(x0, offs < n)
         held0 = x0
     else:
-        key0, held0 = _load_tile(row, aux, 0, offs, n, STAGE)          # the first tile stays in registers
+        key0, held0 = _load_tile(row, aux, 0, offs, n, ROLE)          # the first tile stays in registers
     words = 0
     if SHARED_HIST:
         words = _hist_words()
@@ -360,7 +307,7 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, MAXK, width, k, stride_x
         n = tl.maximum(tl.minimum(n, cut - start), 0)
         key0 = tl.where(offs < n, key0, 0)
         tl.atomic_or(ERR, flags, mask=(flags != 0) & (s == 0))
-    SEL: tl.constexpr = 1 if STAGE == 3 else STAGE                    # stage 3's chunks store as stage 1's
+    SEL: tl.constexpr = 1 if ROLE == 3 else ROLE                    # role 3's chunks store as role 1's
     p, kmax, k_all = _select(row, out, aux, n, key0, held0, k, start, words, tl.zeros([], tl.int32),
                              tl.zeros([], tl.uint32), TILE, RADIX, OUT_BLOCK, ANCHOR, SEL, REBASE, SHARED_HIST, False)
     if GUARD:
@@ -370,7 +317,7 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, MAXK, width, k, stride_x
         if ANCHOR > 0:
             bad |= kmax >= INF_KEY
         tl.atomic_or(ERR, INDEXER_NONFINITE_FLAG, mask=bad)
-    if STAGE == 3:
+    if ROLE == 3:
         tl.store(MAXK + b * SPLIT + s, kmax.to(tl.int32, bitcast=True))
         # every thread's candidate stores before the ticket's release (barrier + acq_rel atomic);
         # the last ticket resets the counter, so a CUDA graph replays from zero
@@ -390,10 +337,10 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, MAXK, width, k, stride_x
 
 @triton.jit
 def _select(row, out, aux, n, key0, held0, k, start, words, p, kmax, TILE: tl.constexpr, RADIX: tl.constexpr,
-            OUT_BLOCK: tl.constexpr, ANCHOR: tl.constexpr, STAGE: tl.constexpr, REBASE: tl.constexpr,
+            OUT_BLOCK: tl.constexpr, ANCHOR: tl.constexpr, ROLE: tl.constexpr, REBASE: tl.constexpr,
             SHARED_HIST: tl.constexpr, KMAX_GIVEN: tl.constexpr):
     """The top-k of the n keys at ``row`` (``key0``, ``held0``: its first tile, _load_tile), stored as
-    ``STAGE`` says (_store), then the -1 (and, stage 1, -inf) padding of the k output slots.
+    ``ROLE`` says (_store), then the -1 (and, role 1, -inf) padding of the k output slots.
     Refining pass p counts (_count, _counted) by ballots, or (SHARED_HIST) in shared histogram p % 3
     at ``words``, from the ``p`` given. ``kmax`` (KMAX_GIVEN): the keys' largest, known already.
     Returns the passes counted, the keys' largest (0 if ANCHOR is 0) and how many keys were chosen."""
@@ -461,157 +408,18 @@ def _select(row, out, aux, n, key0, held0, k, start, words, p, kmax, TILE: tl.co
         prefix, himask, k_rem, busy = _refine(h, bins, k_rem, prefix, himask, new_lo, dmask)
         lo = new_lo
     sel, slot, packed = _emit(key0, himask, prefix, k_rem, 0, 0)
-    _store(out, aux, sel, slot, offs, start, held0, STAGE)
+    _store(out, aux, sel, slot, offs, start, held0, ROLE)
     if n > TILE:                           # the running counts, for the tiles after the first
         eq_seen, taken = _tally(packed, k_rem, 0, 0)
         for c in range(TILE, n, TILE):
-            key, held = _load_tile(row, aux, c, offs, n, STAGE)
+            key, held = _load_tile(row, aux, c, offs, n, ROLE)
             sel, slot, packed = _emit(key, himask, prefix, k_rem, eq_seen, taken)
             eq_seen, taken = _tally(packed, k_rem, eq_seen, taken)
-            _store(out, aux, sel, slot, c + offs, start, held, STAGE)
+            _store(out, aux, sel, slot, c + offs, start, held, ROLE)
     o = tl.arange(0, OUT_BLOCK)
     for c in range(0, k, OUT_BLOCK):
         pad = (c + o >= k_all) & (c + o < k)
         tl.store(out + c + o, tl.full([OUT_BLOCK], -1, tl.int32), mask=pad)
-        if STAGE == 1:
+        if ROLE == 1:
             tl.store(aux + c + o, tl.full([OUT_BLOCK], float("-inf"), tl.float32), mask=pad)
     return p, kmax, k_all
-
-
-def split_for(B: int, width: int, k: int, sm_count: int, tile: int = 8192, most: int = 4) -> int:
-    """The programs a row is split over (a power of two, 1: the one-launch path), from shapes only
-    (one captured graph serves every step): doubled while the (B, S) grid fits one wave of
-    ``sm_count`` programs, S*k candidates fit one ``tile`` and each chunk of a full-width row holds
-    >= 2k positions; at most ``most`` (the merge's S*k candidates cost what a row of that length does:
-    experiments/indexer_topk's prediction puts the best at 4 for B = 32, k = 512, 8192 live)."""
-    s = 1
-    while 2 * s <= most and B * 2 * s <= sm_count and 2 * s * k <= tile and width >= 4 * s * k:
-        s *= 2
-    return s
-
-
-def topk_triton(logits: torch.Tensor, seq_lens: torch.Tensor, k: int, *, launch: TopkLaunch | None = None,
-                pages=None) -> torch.Tensor:
-    """Positions int32 [B, k] of the k largest logits among positions < seq_lens[b] (the module's
-    contract: ascending positions, ties to the lower position, -1 padded, -inf never chosen).
-
-    ``logits`` float32 [B, width] with unit stride along the row (positions >= seq_lens[b] are
-    never used, so they may hold anything; a chunk may load some of the row's first ``tile``
-    positions past seq_lens[b] before it knows seq_lens[b]); ``seq_lens`` int32 [B] on the same device. ``pages``:
-    (page_table [B, P] int32 with unit column stride, num_pages, page_size) for the indexer step:
-    each row is then cut before its first live page id outside [0, num_pages), and a seq_len
-    outside [0, width] or such a page id is flagged in the error word (dsv4lab.errors), as the
-    API's guard would. No host sync: one launch of B programs (``launch.split`` S = 1) or of B x S
-    chunk programs whose last per row merges the row (``merge="launch"``: the merge as a second
-    launch of B programs), whatever the lengths."""
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.dtype != torch.float32 \
-            or (logits.shape[1] > 1 and logits.stride(1) != 1):
-        raise ValueError(f"logits must be a float32 [B, width] tensor with unit stride along rows, got "
-                         f"{getattr(logits, 'dtype', type(logits).__name__)} {list(getattr(logits, 'shape', []))}")
-    B, width = logits.shape
-    if not isinstance(seq_lens, torch.Tensor) or seq_lens.dtype != torch.int32 or tuple(seq_lens.shape) != (B,) \
-            or seq_lens.device != logits.device:
-        raise ValueError(f"seq_lens must be int32 [{B}] on {logits.device}, got "
-                         f"{getattr(seq_lens, 'dtype', type(seq_lens).__name__)} {list(getattr(seq_lens, 'shape', []))}")
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_TOPK:
-        raise ValueError(f"k must be a positive int of at most 2**31 - 1 (positions are int32), got {k!r}")
-    return select(logits, seq_lens, k, launch or TOPK, pages)
-
-
-def select(logits, seq_lens, k: int, launch: TopkLaunch, pages=None) -> torch.Tensor:
-    """topk_triton after its argument checks (the indexer step calls it directly). The split's
-    candidates go to a workspace kept per shape, as split-K's partials."""
-    B, width = logits.shape
-    out = alloc((B, k), torch.int32, logits.device)
-    if B == 0:
-        return out
-    table, meta = (seq_lens, None) if pages is None else (pages[0], (pages[1], pages[2], pages[0].stride(0)))
-    launches(B, width, logits.stride(0), k, launch, meta, logits.device)(logits, seq_lens, table, out)
-    return out
-
-
-def launches(B: int, width: int, stride_xb: int, k: int, launch: TopkLaunch, pages, device, bound: bool = False):
-    """The top-k's launches for one shape (B > 0), as a function ``run(logits, seq_lens, table, out)``
-    that makes them: one launch of B programs, the chunk launch with its merge fused, or the chunks
-    then the merge. ``pages``: (num_pages, page_size, the page table's row stride) for the indexer
-    step's guard (``table`` is then its page table, int32), or None. The workspaces it launches on
-    (the chunks' candidates, the rows' counters and largest keys) are fetched here, once: ``select``
-    makes it on every call, the indexer's prepared step (kernels/indexer.py) once per signature, with
-    ``bound`` launches (common.bind_launch: made after this shape's first launches)."""
-    guard = pages is not None
-    num_pages, page_size, pt_stride = pages if guard else (0, 64, 0)
-    S, single, chunks, merge = _topk_args(launch, B, width, k, page_size, guard)
-    err = errors.word(device) if guard else None
-    i32, f32 = torch.int32, torch.float32
-
-    def launcher(grid, scalars, consts, dtypes):
-        if bound:
-            return common.bind_launch(_topk_kernel, grid, scalars, consts, dtypes)
-        return lambda *tensors: launch_kernel(_topk_kernel, grid, tensors, scalars, consts)
-    if S == 1:
-        one = launcher((B, 1), (width, k, stride_xb, k, 0, num_pages, pt_stride), single, (f32,) + (i32,) * 8)
-
-        def run(logits, seq_lens, table, out):
-            one(logits, seq_lens, out, out, table, err if guard else seq_lens, out, seq_lens, seq_lens)
-        return run
-    # the chunks' candidates, the caller's own, kept per shape (common.workspaces); their rows are S*k
-    # wide, the answer's k wide: strides from the shapes, not stride() calls on every call. The fused
-    # merge's rows' ticket counters: zero when made, and back to zero after every launch (poisoned
-    # never); each chunk's largest key (written before every read)
-    fused_merge = launch.merge == "fused"
-    pos, val, count, kmax = common.workspaces(("topk", B, S, k, fused_merge, device), device, lambda: (
-        torch.empty((B, S * k), dtype=i32, device=device), torch.empty((B, S * k), dtype=f32, device=device),
-        common.counters(B, device) if fused_merge else None,
-        torch.empty((B, S), dtype=i32, device=device) if fused_merge else None))
-    common.poison_all(pos, val, kmax)
-    if fused_merge:
-        fused = launcher((B, S), (width, k, stride_xb, S * k, k, num_pages, pt_stride), chunks,
-                         (f32, i32, i32, f32) + (i32,) * 5)
-
-        def run(logits, seq_lens, table, out):
-            fused(logits, seq_lens, pos, val, table, err if guard else seq_lens, out, count, kmax)
-        return run
-    chunk = launcher((B, S), (width, k, stride_xb, S * k, 0, num_pages, pt_stride), chunks,
-                     (f32, i32, i32, f32) + (i32,) * 5)
-    final = launcher((B, 1), (S * k, k, S * k, k, 0, num_pages, 0), merge, (f32,) + (i32,) * 8)
-
-    def run(logits, seq_lens, table, out):
-        e = err if guard else seq_lens
-        chunk(logits, seq_lens, pos, val, table, e, out, seq_lens, seq_lens)
-        final(val, seq_lens, out, pos, table, e, out, seq_lens, seq_lens)
-    return run
-
-
-@functools.lru_cache(maxsize=1024)
-def _topk_args(launch: TopkLaunch, B, width, k, page_size, guard):
-    """(S, constexprs and options of the one-launch path, of the chunks and of the merge) for a
-    shape, after checking ``launch``: shapes and options only, decided once per shape rather than
-    on every eager call."""
-    if launch.tile & (launch.tile - 1) or not 32 <= launch.tile <= 32768 or launch.radix not in (5, 6, 7, 8) \
-            or not 0 <= launch.anchor <= 16:
-        raise ValueError(f"tile must be a power of two in [32, 32768], radix in 5..8 and anchor in 0..16, got {launch}")
-    S = launch.split or split_for(B, width, k, 2 if is_interpret() else info().sm_count, launch.tile)
-    if S & (S - 1) or not 1 <= S <= launch.tile // 32:
-        raise ValueError(f"split must be a power of two in [1, tile / 32 = {launch.tile // 32}], got {S}")
-    if launch.merge not in ("launch", "fused"):
-        raise ValueError(f"merge must be 'launch' or 'fused', got {launch.merge!r}")
-    if launch.histogram not in ("ballot", "shared"):
-        raise ValueError(f"histogram must be 'ballot' or 'shared', got {launch.histogram!r}")
-    opts = dict(RADIX=launch.radix, OUT_BLOCK=min(OUT_BLOCK, next_power_of_2(k)), ANCHOR=launch.anchor,
-                PAGE=page_size, num_warps=launch.num_warps,
-                REBASE=launch.rebase)
-    merge_tile = min(launch.tile, next_power_of_2(S * k))
-    fused = launch.merge == "fused"
-    shared = lambda *tiles: counts_in_shared(launch, tiles, is_interpret())  # noqa: E731
-    return (S, dict(opts, TILE=launch.tile, STAGE=0, GUARD=guard, SHARED_HIST=shared(launch.tile)),
-            dict(opts, TILE=launch.tile // S, STAGE=3 if fused else 1, GUARD=guard, MERGE_TILE=merge_tile,
-                 SPLIT=S, SHARED_HIST=shared(launch.tile // S, merge_tile)),
-            dict(opts, TILE=merge_tile, STAGE=2, SHARED_HIST=shared(merge_tile)))
-
-
-def counts_in_shared(launch: TopkLaunch, tiles, interpret: bool) -> bool:
-    """Whether a launch of ``launch`` whose programs hold these tiles counts in shared memory:
-    histogram "shared", on a GPU (the interpreter cannot run inline PTX), and every tile at least
-    one key a thread (a smaller tile is held twice over the program's threads, and each copy's
-    atomic would count; such a launch counts by ballots)."""
-    return launch.histogram == "shared" and not interpret and min(tiles) >= 32 * launch.num_warps

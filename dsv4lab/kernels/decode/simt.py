@@ -1,19 +1,20 @@
-"""Stage 1, the SIMT baseline: one program per (batch, head), CUDA cores only.
+"""S0's kernel, the SIMT baseline: one program per (batch, head), CUDA cores only.
 
 Each program walks its row of top-k indices BLOCK_T tokens at a time, gathers
 and dequantizes them from the paged fp8 cache, scores them against its one
 query head with multiply + sum (no tl.dot), runs a base-2 online softmax and
 accumulates p * V. The gathered KV is re-read by all H programs of a query:
-64x the bytes the math needs. That redundancy is what stage 2 removes.
+64x the bytes the math needs. That redundancy is what S1 (head_batched.py) removes.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from ..api import register
-from .common import (INDEX_FLAG, NONFINITE_FLAG, SINK_FLAG, decode_call, finish, gather_kv_tile, in_cache, row_length,
-                     track_tokens, track_tokens_init)
+from ...registry import register
+from ..buffers import finish
+from ..rows import INDEX_FLAG, NONFINITE_FLAG, SINK_FLAG, in_cache, row_length, track_tokens, track_tokens_init
+from .kv_tiles import decode_call, gather_kv_tile
 
 BLOCK_T = 16
 NUM_WARPS = 4
@@ -72,7 +73,7 @@ def _simt_decode_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE, 
     tl.atomic_or(ERR, flags, mask=flags != 0)
 
 
-@register("sparse_decode", "simt", stage="S0",
+@register("sparse_decode", "simt", stage="S0", tags=("recorded", "simt"),
           description="the lab's SIMT kernel: one program per (batch, head), CUDA cores")
 def sparse_decode_simt(q, cache, indices, *, topk_len, sm_scale, attn_sink):
     B, H, _ = q.shape
