@@ -310,34 +310,6 @@ def _indexer_inputs(B, H, max_seq_len, live):
     return make_indexer_inputs(B, H, max_seq_len, seq_lens=live, seed=13)
 
 
-def explore_indexer(df: pd.DataFrame, impls, B=32, H=64, live=8192):
-    """The max context (the live context fixed at ``live`` tokens): each indexer impl's time,
-    recorded (rows kind="time" of data/runs/*/indexer.json) or live on a GPU, against the
-    floor of what the live context needs (keys once, q, and the logits written)."""
-    d0 = df[(df["kind"] == "time") & (df["B"] == B) & df["impl"].isin(impls)]
-    lens = sorted(int(v) for v in d0["max_seq_len"].unique())
-
-    def show(max_seq_len, live_timing):
-        d = d0[d0["max_seq_len"] == max_seq_len].set_index("impl").reindex(impls)
-        us = d["graph_us"].copy()
-        if live_timing:
-            from . import bench
-            inp = _indexer_inputs(B, H, max_seq_len, live)
-            us = pd.Series({i: bench.indexer_row(i, inp, eager=False)["graph_us"] for i in impls})
-        fig, ax = plt.subplots(figsize=(6.5, 2.8))
-        ax.barh(list(us.index), us.values, color=[f"C{i}" for i in range(len(us))])
-        ax.axvline(d["floor_us"].dropna().iloc[0], color="black", ls="--", lw=1, label="floor of the live bytes")
-        ax.set_xscale("log")
-        ax.set_xlabel("us per call (graph replay), log scale")
-        ax.set_title(f"B={B}, {live} live tokens, max context {max_seq_len}: "
-                     f"{'live' if live_timing else 'recorded'}", fontsize=9)
-        ax.legend(fontsize=8)
-        plt.show()
-        print(" | ".join(f"{i} {v:,.1f} us" for i, v in us.items()))
-
-    return w.interactive(show, max_seq_len=_slider(lens, lens[-1], "max context"), live_timing=_live_box())
-
-
 # ---- notebooks 00 and 01: recorded decode times against the floors, live checks on a small shape
 
 def recorded_us(decode: pd.DataFrame, impl: str, B: int, col: str = "graph_us") -> float | None:
