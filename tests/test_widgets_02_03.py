@@ -72,11 +72,11 @@ def test_story_check_catches_a_wrong_kernel(monkeypatch):
     from dsv4lab.kernels.decode import head_batched
     real = head_batched.sparse_decode_story
     monkeypatch.setattr(head_batched, "sparse_decode_story", lambda *a, attn_sink=None, **k: real(*a, attn_sink=None, **k))
-    widgets._story_check.cache_clear()
+    widgets.head_batched._story_check.cache_clear()
     try:
         assert not widgets.story_check(16, 1)["ok"]
     finally:
-        widgets._story_check.cache_clear()
+        widgets.head_batched._story_check.cache_clear()
 
 
 @pytest.mark.parametrize("layout", ["recorded", "named loops"])

@@ -72,12 +72,12 @@ def test_indexer_max_check_catches_a_wrong_kernel(monkeypatch):
     from dsv4lab import api
     real = registry.impl_info("indexer_logits", "torch_fp32").fn
     _swap_impl(monkeypatch, "indexer_logits", "torch_fp32", lambda *a, **k: real(*a, **k) * 1.01)
-    widgets._indexer_max_check.cache_clear()
+    widgets.indexer_max_context._indexer_max_check.cache_clear()
     try:
         chk = widgets.indexer_max_check(8192)
         assert not chk["ok"] and not chk["impls"]["torch_fp32"]["ok"] and chk["impls"]["triton"]["ok"]
     finally:
-        widgets._indexer_max_check.cache_clear()
+        widgets.indexer_max_context._indexer_max_check.cache_clear()
 
 
 def test_indexer_step_view_at_every_setting(step_rows, no_show, capsys):
@@ -111,11 +111,11 @@ def test_indexer_step_check_catches_a_wrong_selection(monkeypatch):
         top = real(*a, **k)
         return torch.cat([top[:, 1:], torch.full_like(top[:, :1], -1)], dim=1)
     _swap_impl(monkeypatch, "indexer_topk", "triton", wrong)
-    widgets._indexer_step_check.cache_clear()
+    widgets.indexer_step._indexer_step_check.cache_clear()
     try:
         assert not widgets.indexer_step_check(8192, 65536)["ok"]
     finally:
-        widgets._indexer_step_check.cache_clear()
+        widgets.indexer_step._indexer_step_check.cache_clear()
 
 
 def test_the_plots_of_notebooks_04_05(indexer, step_rows):

@@ -1,0 +1,57 @@
+"""Notebook 08's widget: the Hopper kernel at one batch."""
+from __future__ import annotations
+
+import ipywidgets as w
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from .live import decode_floor, live_check, live_line, slider
+
+
+def hopper_batch_view(times: pd.DataFrame, B: int, ceilings, model, budget: list[dict], cold_us: float = 1.1) -> dict:
+    """What explore_hopper shows at batch ``B``: the recorded one-call graph times of hopper, splitk_auto,
+    mma (and hopper with half the slices) beside the byte and matmul floors, the launch hopper ran
+    (slices, tiles a program) and the per-tile model's kernel time for it; then ``auto`` run now at
+    a tiny shape and checked against the float64 reference (hopper itself needs an sm_90 GPU)."""
+    from ..kernels.decode.auto import on_hopper
+    from ..kernels.decode.hopper import BLOCK_N
+    rows = times[times["B"] == B]
+    if rows.empty:
+        raise ValueError(f"B must be one of the recorded batches {sorted(times['B'].unique())}, got {B!r}")
+    us = {r["impl"]: float(r["graph_us"]) for _, r in rows.iterrows()}
+    hop = rows[rows["impl"] == "hopper"].iloc[0]
+    nsplit = int(hop["nsplit"])
+    tiles = -(-model.topk // (BLOCK_N * nsplit))
+    chain_us = sum(r["us"] for r in budget if r["who"] == "consumers")
+    model_us = cold_us + tiles * chain_us
+    floor = decode_floor(model, B, ceilings)
+    fig, ax = plt.subplots(figsize=(6, 1.9))
+    names = list(us)[::-1]
+    ax.barh(names, [us[n] for n in names], color=[f"C{i}" for i in range(len(names))])
+    for y, n in enumerate(names):
+        ax.text(us[n], y, f" {us[n]:.1f}", va="center", fontsize=8)
+    ax.axvline(floor["mem_us"], color="black", ls="--", lw=1, label=f"byte floor {floor['mem_us']:.1f} us")
+    ax.axvline(floor["math_us"], color="grey", ls=":", lw=1.5, label=f"matmul floor {floor['math_us']:.1f} us")
+    ax.set_xlim(0, max(us.values()) * 1.2)
+    ax.set_xlabel(f"B = {B}: one-call CUDA-graph time (us, recorded)")
+    ax.legend(fontsize=7, loc="lower right")
+    plt.show()
+    print(f"B = {B}: hopper {us['hopper']:.1f} us ({float(hop['tflops']):.0f} TFLOP/s), splitk_auto "
+          f"{us['splitk_auto']:.1f}, mma {us['mma']:.1f}; best of splitk_auto/mma over hopper "
+          f"{min(us['splitk_auto'], us['mma']) / us['hopper']:.2f}x; auto runs {on_hopper(B, 64)} there on an sm_90 GPU")
+    print(f"hopper's launch: {B} x {nsplit} programs of {tiles} tile(s) of {BLOCK_N} tokens; "
+          f"model: {cold_us:.1f} us cold first tile + {tiles} x {chain_us:.2f} us = {model_us:.1f} us of kernel")
+    B_live = min(B, 3)
+    live = live_check("auto", B_live, 8, 80)
+    print(live_line(live, "auto", (B_live, 8, 80)))
+    return {"B": B, "us": us, "nsplit": nsplit, "tiles": tiles, "model_us": model_us, "floor": floor, "live": live}
+
+
+def explore_hopper(times: pd.DataFrame, ceilings, model, budget: list[dict], cold_us: float = 1.1):
+    """One recorded batch at a time (hopper_batch_view)."""
+    bs = sorted(int(b) for b in times["B"].unique())
+
+    def show(B):
+        hopper_batch_view(times, B, ceilings, model, budget, cold_us)
+
+    return w.interactive(show, B=slider(bs, 32, "B"))
