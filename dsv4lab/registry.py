@@ -30,6 +30,8 @@ TAGS = {
     "simt": "the lab's SIMT decode: what the tensor-core kernels are checked against (the story's bound)",
     "exact": "indexer: q . k exact in fp32, judged by the tight logits bound (testing.INDEXER_TOL)",
     "dispatcher": "runs another impl per shape (Impl.dispatch)",
+    "whole_row": "decode: one program a (request, head block) walks the whole top-k row, no split; notebook 01 "
+                 "compares these launches by heads per program",
 }
 
 

@@ -84,3 +84,14 @@ def test_explore_heads_per_program(decode, fmt, capsys):
         assert "vs the float64 reference: within tolerance" in out, out
     if fmt == "newer":
         assert "mma_story (BLOCK_H 32)" in printed[(("heads_per_program", 32), ("B", 1), ("live", False))]
+
+
+def test_recorded_at_heads_names_whole_row_launches_only(decode):
+    # one head per program: the SIMT grids; more: the head-batched rows at the BLOCK_H they launched
+    # with, never a split-K launch (the same BLOCK_H, but NSPLIT programs a row)
+    for B in decode.B.unique():
+        at = {hp: widgets.recorded_at_heads(decode, None, hp, int(B)) for hp in widgets.HEADS_PER_PROGRAM}
+        assert set(at[1]) == {"sglang", "simt"}, (B, at[1])
+        assert at[1]["simt"] == widgets.recorded_us(decode, "simt", int(B))
+        labels = [label for hp in widgets.HEADS_PER_PROGRAM[1:] for label in at[hp]]
+        assert len(labels) == 2 and all(label.startswith(("mma_story (", "mma (")) for label in labels), (B, labels)

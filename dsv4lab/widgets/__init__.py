@@ -24,8 +24,8 @@ from .indexer_max_context import (INDEXER_LIVE_IMPLS, explore_indexer_max, index
 from .indexer_step import (explore_indexer_step, indexer_step_check, indexer_step_shape,  # noqa: F401
                            indexer_step_view, time_indexer_step_live)
 from .kernels_vs_floor import (explore_kernels_vs_floor, kernel_floor_view, kernels_vs_floor,  # noqa: F401
-                               recorded_impls)
-from .live import live_check, recorded_us  # noqa: F401
+                               recorded_impls, recorded_us)
+from .live import live_check  # noqa: F401
 from .sensitivity import (explore_sensitivity, sensitivity_costs, sensitivity_grid, sensitivity_options,  # noqa: F401
                           sensitivity_view)
 from .split_k import (explore_split, recorded_tiles, split_check, split_shape, split_view,  # noqa: F401

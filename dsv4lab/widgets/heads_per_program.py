@@ -9,7 +9,9 @@ import pandas as pd
 
 from .. import plots, roofline
 from ..device import mode
-from .live import decode_inputs, live_box, live_check, live_line, recorded_us, slider, time_us
+from ..registry import registered
+from ..stages import stage
+from .live import decode_inputs, live_box, live_check, live_line, slider, time_us
 
 
 def _row_block_h(row) -> int | None:
@@ -23,20 +25,16 @@ def _row_block_h(row) -> int | None:
 
 
 def recorded_at_heads(decode: pd.DataFrame, tiles: pd.DataFrame | None, heads_per_program: int, B: int) -> dict:
-    """{label: recorded us} of whole-row launches at ``B`` whose programs own ``heads_per_program``
-    heads: the SIMT kernels for 1; for more, the head-batched rows of the decode table launched
-    with that BLOCK_H and the fastest tile-sweep config with it (when the sweep ran this B)."""
+    """{label: recorded us} of whole-row launches (the impls tagged whole_row) at ``B`` whose programs
+    own ``heads_per_program`` heads: a SIMT grid (an impl without a launch) owns 1, a head-batched row
+    the BLOCK_H it launched with; and the fastest tile-sweep config with that BLOCK_H (when the sweep
+    ran this B)."""
+    whole_row = {i.name: i for i in registered(tag="whole_row")}
     out = {}
-    if heads_per_program == 1:
-        for impl in ("simt", "sglang"):
-            us = recorded_us(decode, impl, B)
-            if us:
-                out[impl] = us
-        return out
-    d = decode[(decode["B"] == B) & decode["impl"].isin(["mma_story", "mma"])]
-    for _, row in d.iterrows():
-        if _row_block_h(row) == heads_per_program and row.get("graph_us") == row.get("graph_us"):
-            out[f"{row['impl']} (BLOCK_H {heads_per_program})"] = float(row["graph_us"])
+    for _, row in decode[(decode["B"] == B) & decode["impl"].isin(whole_row)].iterrows():
+        heads = 1 if whole_row[row["impl"]].launch is None else _row_block_h(row)
+        if heads == heads_per_program and row.get("graph_us") == row.get("graph_us"):
+            out[row["impl"] if heads == 1 else f"{row['impl']} (BLOCK_H {heads})"] = float(row["graph_us"])
     col = f"us_B{B}"
     if tiles is not None and col in tiles:
         t = tiles[tiles["block_h"] == heads_per_program][col].dropna()
@@ -48,11 +46,18 @@ def recorded_at_heads(decode: pd.DataFrame, tiles: pd.DataFrame | None, heads_pe
 HEADS_PER_PROGRAM = (1, 16, 32, 64)   # 1: the SIMT grid; tl.dot needs >= 16 rows
 
 
+def _simt() -> str:
+    """The lab's SIMT kernel: one program per (request, head)."""
+    (simt,) = registered(tag="simt")
+    return simt.name
+
+
 def _heads_live(heads_per_program, live_shape):
     if heads_per_program == 1:
-        return live_check("simt", *live_shape), "impl 'simt' (1 head per program)"
-    return (live_check("mma_story", *live_shape, block_h=heads_per_program),
-            f"the story's head-batched kernel (impl 'mma_story') with BLOCK_H {heads_per_program}")
+        return live_check(_simt(), *live_shape), f"impl {_simt()!r} (1 head per program)"
+    story = stage("S1").decode_impl
+    return (live_check(story, *live_shape, block_h=heads_per_program),
+            f"the story's head-batched kernel (impl {story!r}) with BLOCK_H {heads_per_program}")
 
 
 def heads_per_program_table(decode, tiles, B, H=64, K=512, live_shape=(1, 64, 40), options=HEADS_PER_PROGRAM):
@@ -102,7 +107,7 @@ def heads_per_program_view(heads_per_program, B, live=False, *, decode, tiles=No
         inp = decode_inputs(B, H, K, context)
         if heads_per_program == 1:
             from ..api import sparse_decode
-            fn = lambda: sparse_decode(inp.q, inp.cache, inp.indices, impl="simt")  # noqa: E731
+            fn = lambda: sparse_decode(inp.q, inp.cache, inp.indices, impl=_simt())  # noqa: E731
         else:
             tiles_cfg = dataclasses.replace(STORY_TILES, block_h=heads_per_program)
             fn = lambda: head_batched.sparse_decode_story(inp.q, inp.cache, inp.indices, topk_len=None,  # noqa: E731

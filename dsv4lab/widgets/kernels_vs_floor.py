@@ -7,7 +7,15 @@ import pandas as pd
 
 from .. import plots
 from ..device import mode
-from .live import decode_floor, live_box, live_check, live_line, recorded_us, slider
+from .live import decode_floor, live_box, live_check, live_line, slider
+
+
+def recorded_us(decode: pd.DataFrame, impl: str, B: int, col: str = "graph_us") -> float | None:
+    """The recorded time (us) of ``impl`` at batch ``B``, or None (not run, or a row with an error)."""
+    if col not in decode:
+        return None
+    d = decode[(decode["impl"] == impl) & (decode["B"] == B)][col].dropna()
+    return float(d.iloc[0]) if len(d) else None
 
 
 def recorded_impls(decode: pd.DataFrame) -> list[str]:

@@ -5,10 +5,10 @@ import dataclasses
 import functools
 
 import ipywidgets as w
-import pandas as pd
 
 from .. import roofline
 from ..device import mode
+from ..stages import stage
 
 _LIVE_HELP = "time live on this GPU (dsv4lab.bench)"
 
@@ -65,27 +65,20 @@ def indexer_inputs(B, H, max_seq_len, live):
     return make_indexer_inputs(B, H, max_seq_len, seq_lens=live, seed=13)
 
 
-def recorded_us(decode: pd.DataFrame, impl: str, B: int, col: str = "graph_us") -> float | None:
-    """The recorded time (us) of ``impl`` at batch ``B``, or None (not run, or a row with an error)."""
-    if col not in decode:
-        return None
-    d = decode[(decode["impl"] == impl) & (decode["B"] == B)][col].dropna()
-    return float(d.iloc[0]) if len(d) else None
-
-
 @functools.lru_cache(maxsize=32)
 def live_check(impl: str, B: int, H: int, K: int, block_h: int | None = None) -> dict:
     """Run ``impl`` once in this process's mode (Triton's interpreter on a CPU) on fresh inputs
     (seed 0, request b attends to K of its 3K tokens) with NaN-poisoned outputs: relative errors
     of out and lse against the float64 reference, and whether they are within the tolerances.
-    ``block_h`` (impl "mma_story" only): the heads per program of the story's kernel, instead of
+    ``block_h`` (the story's kernel, stage S1's decode impl, only): its heads per program, instead of
     its BLOCK_H = 32. Returns {"error": message} when the impl cannot run here (no sglang wheel)."""
     from .. import reference
     from ..kernels.decode import head_batched, sglang_peer
     from ..kernels.decode.planning import STORY_TILES
     from ..testing import LSE_TOL, OUT_TOL, check_decode, make_decode_inputs, poisoned, rel_err
-    if block_h is not None and impl != "mma_story":
-        raise ValueError(f"block_h applies to impl 'mma_story' only, got impl {impl!r}")
+    story = stage("S1").decode_impl
+    if block_h is not None and impl != story:
+        raise ValueError(f"block_h applies to impl {story!r} only, got impl {impl!r}")
     inp = make_decode_inputs(B, H, K, context=3 * K, seed=0)
     try:
         if block_h is None:

@@ -319,7 +319,7 @@ def mma_launch(B: int, H: int, K: int) -> Launch:
     return launch_for(choose_tiles(B, H, K))
 
 
-@register("sparse_decode", "mma_story", stage="S1", tags=("recorded", "tensor_core"),
+@register("sparse_decode", "mma_story", stage="S1", tags=("recorded", "tensor_core", "whole_row"),
           launch=story_launch,
           description="the story's head-batched kernel: SGLang's loop over the whole padded row, BLOCK_H 32 "
                       "(2 programs per request at H=64)")
@@ -333,7 +333,7 @@ def sparse_decode_story(q, cache, indices, *, topk_len, sm_scale, attn_sink, til
     return finish(out), lse
 
 
-@register("sparse_decode", "mma_story_stop", stage="S1stop", tags=("tensor_core",),
+@register("sparse_decode", "mma_story_stop", stage="S1stop", tags=("tensor_core", "whole_row"),
           launch=story_launch,
           description="the story's head-batched kernel stopping each row at its topk_len (the lab's change)")
 def sparse_decode_story_stop(q, cache, indices, *, topk_len, sm_scale, attn_sink, tiles=STORY_TILES):
@@ -341,7 +341,7 @@ def sparse_decode_story_stop(q, cache, indices, *, topk_len, sm_scale, attn_sink
                                tiles=tiles, stop_at_len=True)
 
 
-@register("sparse_decode", "mma", stage="S1best", tags=("recorded", "tensor_core"), launch=mma_launch,
+@register("sparse_decode", "mma", stage="S1best", tags=("recorded", "tensor_core", "whole_row"), launch=mma_launch,
           description="the lab's tuned head-batched kernel, whole rows",
           max_scale_byte=lambda B, H, K: max_scale_byte(mma_launch(B, H, K)))
 def sparse_decode_mma(q, cache, indices, *, topk_len, sm_scale, attn_sink, opts: Launch | None = None):

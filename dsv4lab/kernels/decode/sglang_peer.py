@@ -138,7 +138,7 @@ def _launch(q, cache, indices, topk_len, sm_scale):
     return out, lse
 
 
-@register("sparse_decode", "sglang", stage="S0", needs=("sglang",), tags=("recorded", "baseline"),
+@register("sparse_decode", "sglang", stage="S0", needs=("sglang",), tags=("recorded", "baseline", "whole_row"),
           available=unavailable_reason,
           description="SGLang 0.5.23's _tiled_sparse_decode_kernel (SIMT), from its wheel")
 def sparse_decode_sglang(q, cache, indices, *, topk_len, sm_scale, attn_sink):

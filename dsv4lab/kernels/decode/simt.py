@@ -73,7 +73,7 @@ def _simt_decode_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE, 
     tl.atomic_or(ERR, flags, mask=flags != 0)
 
 
-@register("sparse_decode", "simt", stage="S0", tags=("recorded", "simt"),
+@register("sparse_decode", "simt", stage="S0", tags=("recorded", "simt", "whole_row"),
           description="the lab's SIMT kernel: one program per (batch, head), CUDA cores")
 def sparse_decode_simt(q, cache, indices, *, topk_len, sm_scale, attn_sink):
     B, H, _ = q.shape
