@@ -12,7 +12,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from dsv4lab import runs, widgets  # noqa: E402
 from dsv4lab import registry
 
-IMPLS = ["torch_fp32", "torch_bf16", "sglang", "triton"]
+#: the indexer impls the recorded run times, in the campaign's order
+IMPLS = [i.name for i in registry.registered("indexer_logits", tag="recorded")]
 
 
 @pytest.fixture
@@ -34,7 +35,7 @@ def step_rows():
 
 
 def test_indexer_max_view_at_every_setting(indexer, no_show, capsys):
-    w = widgets.explore_indexer_max(indexer, IMPLS)
+    w = widgets.explore_indexer_max(indexer)                   # by default the recorded impls, IMPLS
     lens = list(w.children[0].options)
     assert lens == sorted(int(v) for v in indexer[(indexer.kind == "time") & (indexer.B == 32)].max_seq_len.unique())
     capsys.readouterr()

@@ -9,6 +9,7 @@ import pandas as pd
 
 from .. import plots, roofline
 from ..device import mode
+from ..stages import stage
 from .live import checked, decode_inputs, live_box, occupancy, slider, time_us
 
 
@@ -57,7 +58,7 @@ def time_story_live(block_h: int, B: int) -> float:
 def recorded_head_block(tiles: pd.DataFrame, decode: pd.DataFrame | None, block_h: int, B: int) -> pd.DataFrame:
     """(label, us) of every recorded launch with this BLOCK_H at batch B: the tile sweep's configs of
     the tuned kernel (``tiles``, columns us_B<batch>) and, from the decode table, the story's kernel
-    (impl "mma_story") when it ran with this BLOCK_H."""
+    (stage S1's decode impl) when it ran with this BLOCK_H."""
     from ..kernels.decode.planning import STORY_TILES
     rows = []
     col = f"us_B{B}"
@@ -65,7 +66,7 @@ def recorded_head_block(tiles: pd.DataFrame, decode: pd.DataFrame | None, block_
         for _, r in tiles[tiles["block_h"] == block_h].dropna(subset=[col]).iterrows():
             rows.append(dict(label="tuned " + plots.config_label(r), us=float(r[col])))
     if decode is not None and "impl" in decode:
-        story = decode[(decode["impl"] == "mma_story") & (decode["B"] == B)].dropna(subset=["graph_us"])
+        story = decode[(decode["impl"] == stage("S1").decode_impl) & (decode["B"] == B)].dropna(subset=["graph_us"])
         for _, r in story.iterrows():
             launch = r.get("launch")
             bh = launch["block_h"] if isinstance(launch, dict) else STORY_TILES.block_h

@@ -5,7 +5,17 @@ import ipywidgets as w
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from ..registry import registered
+from ..stages import stage
 from .live import decode_floor, live_check, live_line, slider
+
+
+def _kernels() -> tuple:
+    """(the Hopper kernel: the impl that needs sm_90; the Triton kernels it is held against: S2's
+    split-K and S1best's tuned whole-row kernel; the dispatcher that picks per shape)."""
+    (hopper,) = [i.name for i in registered() if "sm_90" in i.needs]
+    (auto,) = registered(tag="dispatcher")
+    return hopper, [stage(s).decode_impl for s in ("S2", "S1best")], auto.name
 
 
 def hopper_batch_view(times: pd.DataFrame, B: int, ceilings, model, budget: list[dict], cold_us: float = 1.1) -> dict:
@@ -15,11 +25,12 @@ def hopper_batch_view(times: pd.DataFrame, B: int, ceilings, model, budget: list
     a tiny shape and checked against the float64 reference (hopper itself needs an sm_90 GPU)."""
     from ..kernels.decode.auto import on_hopper
     from ..kernels.decode.hopper import BLOCK_N
+    hopper, rivals, auto = _kernels()
     rows = times[times["B"] == B]
     if rows.empty:
         raise ValueError(f"B must be one of the recorded batches {sorted(times['B'].unique())}, got {B!r}")
     us = {r["impl"]: float(r["graph_us"]) for _, r in rows.iterrows()}
-    hop = rows[rows["impl"] == "hopper"].iloc[0]
+    hop = rows[rows["impl"] == hopper].iloc[0]
     nsplit = int(hop["nsplit"])
     tiles = -(-model.topk // (BLOCK_N * nsplit))
     chain_us = sum(r["us"] for r in budget if r["who"] == "consumers")
@@ -36,14 +47,15 @@ def hopper_batch_view(times: pd.DataFrame, B: int, ceilings, model, budget: list
     ax.set_xlabel(f"B = {B}: one-call CUDA-graph time (us, recorded)")
     ax.legend(fontsize=7, loc="lower right")
     plt.show()
-    print(f"B = {B}: hopper {us['hopper']:.1f} us ({float(hop['tflops']):.0f} TFLOP/s), splitk_auto "
-          f"{us['splitk_auto']:.1f}, mma {us['mma']:.1f}; best of splitk_auto/mma over hopper "
-          f"{min(us['splitk_auto'], us['mma']) / us['hopper']:.2f}x; auto runs {on_hopper(B, 64)} there on an sm_90 GPU")
-    print(f"hopper's launch: {B} x {nsplit} programs of {tiles} tile(s) of {BLOCK_N} tokens; "
+    print(f"B = {B}: {hopper} {us[hopper]:.1f} us ({float(hop['tflops']):.0f} TFLOP/s), "
+          + ", ".join(f"{n} {us[n]:.1f}" for n in rivals)
+          + f"; best of {'/'.join(rivals)} over {hopper} {min(us[n] for n in rivals) / us[hopper]:.2f}x; "
+          f"{auto} runs {on_hopper(B, 64)} there on an sm_90 GPU")
+    print(f"{hopper}'s launch: {B} x {nsplit} programs of {tiles} tile(s) of {BLOCK_N} tokens; "
           f"model: {cold_us:.1f} us cold first tile + {tiles} x {chain_us:.2f} us = {model_us:.1f} us of kernel")
     B_live = min(B, 3)
-    live = live_check("auto", B_live, 8, 80)
-    print(live_line(live, "auto", (B_live, 8, 80)))
+    live = live_check(auto, B_live, 8, 80)
+    print(live_line(live, auto, (B_live, 8, 80)))
     return {"B": B, "us": us, "nsplit": nsplit, "tiles": tiles, "model_us": model_us, "floor": floor, "live": live}
 
 

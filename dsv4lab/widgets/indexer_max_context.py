@@ -8,11 +8,13 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from ..device import mode
+from ..registry import impl_info, registered
+from ..stages import STAGES
 from .live import indexer_inputs, live_box, slider
 
-
-#: the impls notebook 04's widget runs live: the story's fallback in fp32, its bf16 fix, the Triton indexer
-INDEXER_LIVE_IMPLS = ("torch_fp32", "torch_bf16", "triton")
+#: the impls notebook 04's widget runs live: the indexer of each stage (the story's fallback in fp32,
+#: its bf16 fix, the Triton indexer)
+INDEXER_LIVE_IMPLS = tuple(dict.fromkeys(s.indexer_impl for s in STAGES))
 
 
 def indexer_max_shape(max_seq_len: int) -> tuple:
@@ -40,7 +42,7 @@ def _indexer_max_check(B, H, live, L, k) -> dict:
     res = dict(B=B, H=H, live=live, max_seq_len=L, k=k, impls={})
     for impl in INDEXER_LIVE_IMPLS:
         err, recall = check_indexer(impl, inp, topk=k)
-        positions = -(-live // 64) * 64 if impl == "triton" else -(-L // 64) * 64
+        positions = -(-L // 64) * 64 if impl_info("indexer_logits", impl).reads_dead_pages else -(-live // 64) * 64
         # the exact impls must find the reference's whole selection; bf16 scores may swap a boundary
         # position (what notebook 05's selection-quality study measures), so only their logits are bounded
         exact = indexer_tol(impl) == INDEXER_TOL
@@ -93,10 +95,12 @@ def indexer_max_view(df: pd.DataFrame, max_seq_len: int, live_timing: bool = Fal
     return chk
 
 
-def explore_indexer_max(df: pd.DataFrame, impls=("torch_fp32", "torch_bf16", "sglang", "triton"), B=32):
-    """The max context (the live context fixed): each indexer impl's recorded time (on a GPU "time
-    live" times them now) next to the fallback and the Triton indexer run and checked against the
-    float64 reference now, at a small shape in the interpreter (indexer_max_view)."""
+def explore_indexer_max(df: pd.DataFrame, impls=None, B=32):
+    """The max context (the live context fixed): the recorded time of each of ``impls`` (default: the
+    indexer impls the recorded run times; on a GPU "time live" times them now) next to the fallback and
+    the Triton indexer run and checked against the float64 reference now, at a small shape in the
+    interpreter (indexer_max_view)."""
+    impls = impls or [i.name for i in registered("indexer_logits", tag="recorded")]
     lens = sorted(int(v) for v in df[(df["kind"] == "time") & (df["B"] == B)]["max_seq_len"].unique())
 
     def show(max_seq_len, live_timing):

@@ -9,6 +9,8 @@ import pandas as pd
 
 from .. import plots
 from ..device import mode
+from ..registry import impl_info
+from ..stages import stage
 from .live import indexer_inputs, live_box, slider, time_us
 
 
@@ -42,11 +44,14 @@ def _indexer_step_check(B, H, lens, L, k) -> dict:
 
 def time_indexer_step_live(live: int, max_seq_len: int, B: int = 32, H: int = 64, k: int = 512) -> float:
     """Graph-replay time (us) of the Triton indexer step at B requests of ``live`` tokens (GPU)."""
-    from ..registry import impl_info
-    from ..stages import stage
     inp = indexer_inputs(B, H, max_seq_len, min(live, max_seq_len))
     fn = impl_info("indexer_topk", stage("S4").indexer_impl).fn
     return time_us(lambda: fn(*inp.args(), max_seq_len=max_seq_len, topk=k))
+
+
+def _step_vs_max(rows: pd.DataFrame) -> pd.DataFrame:
+    """The recorded rows of the Triton indexer's step (stage S4's indexer) against the max context."""
+    return rows[(rows["kind"] == "step_vs_max") & (rows["impl"] == stage("S4").indexer_impl)]
 
 
 def indexer_step_view(rows: pd.DataFrame, live: int, max_seq_len: int, live_timing: bool = False) -> dict:
@@ -55,7 +60,7 @@ def indexer_step_view(rows: pd.DataFrame, live: int, max_seq_len: int, live_timi
     "step_vs_live") with this setting marked, on a GPU with ``live_timing`` the step timed now, and
     the step run now and checked exact (indexer_step_check). Returns the check."""
     chk = indexer_step_check(live, max_seq_len)
-    vs_max = rows[(rows["kind"] == "step_vs_max") & (rows["impl"] == "triton")].dropna(subset=["graph_us"])
+    vs_max = _step_vs_max(rows).dropna(subset=["graph_us"])
     vs_live = rows[rows["kind"] == "step_vs_live"].dropna(subset=["graph_us"])
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.3))
     fig.subplots_adjust(wspace=0.3)
@@ -99,7 +104,7 @@ def explore_indexer_step(rows: pd.DataFrame):
     (experiments/indexer_topk) against both, and the step run now at a small shape in the interpreter
     and checked exact against the contract and the float64 reference (indexer_step_view)."""
     lives = sorted(int(v) for v in rows[rows["kind"] == "step_vs_live"]["live"].unique())
-    maxes = sorted(int(v) for v in rows[(rows["kind"] == "step_vs_max") & (rows["impl"] == "triton")]["max_seq_len"].unique())
+    maxes = sorted(int(v) for v in _step_vs_max(rows)["max_seq_len"].unique())
     first_live = 8192 if 8192 in lives else lives[len(lives) // 2]
 
     def show(live, max_seq_len, live_timing):

@@ -26,7 +26,7 @@ def _tile_config(row, source="live"):
 
 
 def recorded_tiles(use: str, run: str = "h200"):
-    """The recorded run's tile-table entry for ``use`` ("mma" or "split") as a planning.TileConfig."""
+    """The recorded run's tile-table entry for ``use`` (runs.tile_choice's) as a planning.TileConfig."""
     from .. import runs
     return _tile_config(runs.tile_choice(use, run), source=f"recorded run {run!r}")
 
