@@ -54,7 +54,8 @@ def _simt() -> str:
 
 def _heads_live(heads_per_program, live_shape):
     if heads_per_program == 1:
-        return live_check(_simt(), *live_shape), f"impl {_simt()!r} (1 head per program)"
+        simt = _simt()
+        return live_check(simt, *live_shape), f"impl {simt!r} (1 head per program)"
     story = stage("S1").decode_impl
     return (live_check(story, *live_shape, block_h=heads_per_program),
             f"the story's head-batched kernel (impl {story!r}) with BLOCK_H {heads_per_program}")
