@@ -82,6 +82,17 @@ def test_triton_launches_block_and_interpreter_take_triton_path(monkeypatch):
     assert len(k.slow) == 4 and launch._DIRECT[0]
 
 
+def test_code_torch_compile_traces_takes_triton_path(monkeypatch):
+    """Inside a torch.compile trace ``kernel[grid](...)`` is what Dynamo records (a user-defined Triton
+    kernel) and it returns no compiled kernel: launch_kernel must neither cache nor call a launcher."""
+    _direct(monkeypatch)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    k, consts = FakeKernel(), {"A": 1}
+    for _ in range(2):
+        launch.launch_kernel(k, (1,), (torch.zeros(4),), (16,), consts)
+    assert len(k.slow) == 2 and not launch._LAUNCHES
+
+
 class Recorder:
     def __init__(self):
         self.calls = []

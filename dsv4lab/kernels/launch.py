@@ -83,8 +83,10 @@ def launch_kernel(kernel, grid: tuple, tensors: tuple, scalars: tuple, consts: d
 
 def _takes_triton_path(tensors) -> bool:
     """A launch that takes Triton's own path: switched there (``triton_launches``), the interpreter,
-    a launch hook, or a tensor off 16-byte alignment (Triton specializes each pointer on it)."""
-    return (not _DIRECT[0] or is_interpret() or _launch_hooked()
+    a launch hook, a tensor off 16-byte alignment (Triton specializes each pointer on it), or code that
+    torch.compile traces (Dynamo records ``kernel[grid](...)`` as a user-defined Triton kernel; the
+    direct path's compiled launcher does not exist in a trace)."""
+    return (not _DIRECT[0] or is_interpret() or torch.compiler.is_compiling() or _launch_hooked()
             or functools.reduce(operator.or_, map(_DATA_PTR, tensors), 0) & 15)
 
 
