@@ -102,21 +102,11 @@ class ModelConfig:
     def num_layers(self) -> int:
         return self.layers_window + self.layers_c4 + self.layers_c128
 
-    @property
-    def local_heads(self) -> int:
-        return self.heads // self.tp
-
-    @property
-    def local_groups(self) -> int:
-        return self.o_groups // self.tp
-
-    @property
-    def local_vocab(self) -> int:
-        return self.vocab // self.tp
-
-    @property
-    def local_experts(self) -> int:
-        return self.experts // self.ep
+    # this GPU's share of what tensor (tp) and expert (ep) parallelism cut
+    local_heads = property(lambda self: self.heads // self.tp)
+    local_groups = property(lambda self: self.o_groups // self.tp)
+    local_vocab = property(lambda self: self.vocab // self.tp)
+    local_experts = property(lambda self: self.experts // self.ep)
 
     @property
     def moe_standin_intermediate(self) -> int:
