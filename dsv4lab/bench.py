@@ -199,7 +199,7 @@ def indexer_row(impl, inp, *, graph=True, eager=True) -> dict:
     """Time one indexer_logits impl on one input set (testing.IndexerInputs) through its registered
     function (no API checks, so no host sync; ``eager_us`` and ``back_to_back_us`` as in
     decode_row), with the bytes the live context needs (keys once, q, weights) and writes (the [B, max_seq_len] fp32 logits), and the floor they imply."""
-    from .cache import INDEX_TOKEN_BYTES
+    from .config import INDEX_TOKEN_BYTES
     fn = impl_info("indexer_logits", impl).fn
     B, H, _ = inp.q.shape
     L = inp.max_seq_len

@@ -29,6 +29,7 @@ import math
 from dataclasses import fields
 
 from . import profile, runs
+from .config import HEAD_DIM, TOKEN_BYTES
 from .device import KNOWN_DEVICES
 
 STORY_GPU = "NVIDIA RTX PRO 6000 Blackwell"
@@ -141,10 +142,10 @@ def _bound_evidence(row: dict, impl: str, B: int, H: int, valid: int, ceilings: 
     over every walked entry: CUDA-core FP32 for SGLang's kernel, tensor-core bf16 for the others)."""
     us = row["graph_us"]
     walked = (row.get("tiles") or 0) * (row.get("tile") or 0)
-    flops = 4 * B * H * walked * 512
+    flops = 4 * B * H * walked * HEAD_DIM
     out = dict(dram_share_pct=None, math_share_pct=None)
     if ceilings.get("copy_tb_s"):
-        out["dram_share_pct"] = 100 * B * valid * 584 / (us * 1e-6) / (ceilings["copy_tb_s"] * 1e12)
+        out["dram_share_pct"] = 100 * B * valid * TOKEN_BYTES / (us * 1e-6) / (ceilings["copy_tb_s"] * 1e12)
     ceil = ceilings.get("fp32_tflops") if impl == "sglang" else ceilings.get("bf16_tflops")
     if ceil and walked:
         out["math_share_pct"] = 100 * flops / (us * 1e-6) / (ceil * 1e12)

@@ -26,6 +26,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from .cache import page_bytes
+from .config import HEAD_DIM, NOPE_DIM, PAGE_SIZE
+
 # Runtime launches specialize pointers and ints divisible by 16; AOT must say so, or the
 # report describes a kernel that never runs (unvectorized loads, different registers).
 _PTR = {"Q": "*bf16", "KV_FP8": "*fp8e4nv", "KV_U8": "*u8", "KV_BF16": "*bf16", "IDX": "*i32",
@@ -99,8 +102,8 @@ def launch_report(opts, *, story: bool = False, arch=90, maxnreg=None) -> dict:
     stage-2 kernel with ``opts.tiles`` (``story=True``)."""
     from .kernels.decode.head_batched import LOOP_CODE, _head_batched_kernel, _story_kernel
     t = opts.tiles
-    c = dict(PAGE_SIZE=64, PAGE_BYTES=37440, HAS_TOPK_LEN=False, HAS_SINK=False,
-             BLOCK_H=t.block_h, BLOCK_N=t.block_n, D=512, NOPE=448, DOT=triton.language.bfloat16)
+    c = dict(PAGE_SIZE=PAGE_SIZE, PAGE_BYTES=page_bytes(PAGE_SIZE), HAS_TOPK_LEN=False, HAS_SINK=False,
+             BLOCK_H=t.block_h, BLOCK_N=t.block_n, D=HEAD_DIM, NOPE=NOPE_DIM, DOT=triton.language.bfloat16)
     types = {}
     if story:
         kernel = _story_kernel

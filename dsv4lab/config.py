@@ -6,7 +6,7 @@ derives from (dsv4lab.cache re-exports them beside the layouts); :class:`DSV4Sha
 model's sizes as one frozen object. A notebook asks :func:`shapes` once and never hard-codes a
 size: on a GPU it gets the real model, under the Triton interpreter a small preset with the same
 structure so cells run in seconds. One GPU's share of the model (tensor and expert parallel) is
-dsv4lab.model.ModelConfig, whose defaults come from here.
+dsv4lab.model_config.ModelConfig, whose defaults come from here.
 """
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ import math
 
 import torch
 
-from .cache import HEAD_DIM, IndexKCache, KVCache, as_kv_cache, dequant_index_k, dequant_kv
+from .cache import IndexKCache, KVCache, as_kv_cache, dequant_index_k, dequant_kv
+from .config import HEAD_DIM
 
 
 def sparse_decode(q, cache: KVCache, indices, topk_len=None, sm_scale=None, attn_sink=None):

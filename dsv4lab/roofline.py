@@ -9,21 +9,21 @@ from __future__ import annotations
 
 import math
 
-from .cache import INDEX_TOKEN_BYTES, TOKEN_BYTES
+from .config import HEAD_DIM, INDEX_DIM, INDEX_TOKEN_BYTES, NOPE_DIM, PAGE_SIZE, TOKEN_BYTES
 
 
-def decode_floor_bytes(B, H, K, D=512) -> int:
+def decode_floor_bytes(B, H, K, D=HEAD_DIM) -> int:
     """Each gathered token once + indices + bf16 q and out + fp32 lse."""
     return B * K * (TOKEN_BYTES + 4) + B * H * (2 * D * 2 + 4)
 
 
-def decode_served_bytes(B, H, K, heads_per_read: int, D=512) -> int:
+def decode_served_bytes(B, H, K, heads_per_read: int, D=HEAD_DIM) -> int:
     """KV gathered once per group of ``heads_per_read`` heads (1 for SIMT, BLOCK_H for mma)."""
     reads = math.ceil(H / heads_per_read)
     return B * reads * K * (TOKEN_BYTES + 4) + B * H * (2 * D * 2 + 4)
 
 
-def decode_flops(B, H, K, D=512) -> int:
+def decode_flops(B, H, K, D=HEAD_DIM) -> int:
     """QK^T and PV, 2 FLOPs per multiply-add: 4 * H * K * D per query."""
     return 4 * B * H * K * D
 
@@ -33,19 +33,19 @@ def indexer_bytes(B, seq_len, Hi=64, Di=128) -> int:
     return B * seq_len * (INDEX_TOKEN_BYTES + 4) + B * Hi * (Di * 2 + 4)
 
 
-def indexer_flops(B, seq_len, Hi=64, Di=128) -> int:
+def indexer_flops(B, seq_len, Hi=64, Di=INDEX_DIM) -> int:
     """q . k for every head and token (2*Hi*Di) plus relu, weight and sum (~3*Hi)."""
     return B * seq_len * Hi * (2 * Di + 3)
 
 
-def indexer_step_bytes(B, live, Hi=64, Di=128, k=512, q_bytes=2) -> int:
+def indexer_step_bytes(B, live, Hi=64, Di=INDEX_DIM, k=512, q_bytes=2) -> int:
     """The indexer step over the live context (logits of live pages, then the top-k of each live
     prefix): live keys once (132 B/token), each live logit written and read back (8 B), q and the
     head weights, the k positions written. Nothing here grows with the max context."""
     return B * live * (INDEX_TOKEN_BYTES + 8) + B * Hi * (Di * q_bytes + 4) + B * k * 4
 
 
-def indexer_torch_steps(B, max_seq_len, Hi=64, Di=128, gemm_bytes=2, page=64) -> list[dict]:
+def indexer_torch_steps(B, max_seq_len, Hi=64, Di=INDEX_DIM, gemm_bytes=2, page=PAGE_SIZE) -> list[dict]:
     """Stage 4's torch fallback, kernel by kernel, over the max context (every page of
     ceil(max_seq_len / 64), live or not): bytes read and written and FLOPs of each step as
     SGLang runs them (indexer_gemm.logits_torch). ``gemm_bytes``: 2 for the bf16 bmm, 4 for fp32."""
@@ -80,7 +80,7 @@ def floor_us(nbytes, flops, copy_tb_s, tflops) -> dict:
 H200_SM = {"clock_ghz": 1.98, "mma_flop": 4096, "smem_bytes": 128, "int_ops": 64, "fp32_ops": 128, "mufu": 16}
 
 
-def hopper_tile_budget(H=64, D=512, nope=448, block_n=64, chunk=16, consumer_groups=2, rates=None,
+def hopper_tile_budget(H=64, D=HEAD_DIM, nope=NOPE_DIM, block_n=64, chunk=16, consumer_groups=2, rates=None,
                        chunk_round_trip_us=(0.2, 0.3)) -> list[dict]:
     """Cycles of one BLOCK_N-token tile of impl "hopper" in steady state at ideal issue (no stalls):
     one row per step, with who runs it (the consumer warp groups or the producer), the resource that

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from .cache import pack_index_k, pack_kv
-from .config import PAGE_SIZE, WINDOW_PAGE_SIZE
+from .config import HEAD_DIM, PAGE_SIZE, WINDOW_PAGE_SIZE
 from .device import torch_device
 
 OUT_TOL = 5e-3
@@ -107,10 +107,10 @@ def make_decode_inputs(B, H, K, *, context=None, page_size=PAGE_SIZE, seed=None,
     g.manual_seed(torch.seed() if seed is None else seed)
     context = context or max(K, 1)
     n = B * context
-    kv = (torch.randn(n, 512, generator=g) * kv_scale).to(device)
+    kv = (torch.randn(n, HEAD_DIM, generator=g) * kv_scale).to(device)
     cache = pack_kv(kv, page_size)
     del kv
-    q = torch.randn(B, H, 512, generator=g).to(torch.bfloat16).to(device)
+    q = torch.randn(B, H, HEAD_DIM, generator=g).to(torch.bfloat16).to(device)
     kk = min(K, context)
     pick = torch.rand(B, context, generator=g).argsort(dim=1)[:, :kk]
     idx = pick + torch.arange(B)[:, None] * context
@@ -135,7 +135,7 @@ class MergedDecodeInputs:
         """SGLang's ten arguments in SGLang's layout: q [B, 1, H, 512], the fp8 page views
         [num_pages, page_size, 1, 584], indices [B, 1, K]."""
         w, c = self.window, self.compressed
-        return (w.q.unsqueeze(1), w.cache.k_cache, w.indices.unsqueeze(1), w.topk_len, w.attn_sink, 512,
+        return (w.q.unsqueeze(1), w.cache.k_cache, w.indices.unsqueeze(1), w.topk_len, w.attn_sink, HEAD_DIM,
                 softmax_scale, c.cache.k_cache if c else None, c.indices.unsqueeze(1) if c else None,
                 c.topk_len if c else None)
 
@@ -208,8 +208,8 @@ def negative_scores_inputs(B=2, H=4, K=8, page_size=16, seed=5, device=None):
     large sm_scale every scaled score lies far below zero."""
     g = torch.Generator().manual_seed(seed)
     device = device or torch_device()
-    cache = pack_kv((torch.rand(B * K * 2, 512, generator=g) + 0.1).to(device), page_size)
-    q = (-(torch.rand(B, H, 512, generator=g) + 0.1)).to(torch.bfloat16).to(device)
+    cache = pack_kv((torch.rand(B * K * 2, HEAD_DIM, generator=g) + 0.1).to(device), page_size)
+    q = (-(torch.rand(B, H, HEAD_DIM, generator=g) + 0.1)).to(torch.bfloat16).to(device)
     return q, cache, torch.arange(B * K, dtype=torch.int32, device=device).reshape(B, K)
 
 

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from dsv4lab import model as M
 from dsv4lab import reference
 from dsv4lab.cache import pack_kv
+from dsv4lab.kernels.step.reference import mhc_sinkhorn_float64, moe_grouped_gemm_float64
 from dsv4lab.model import CPU_MODEL, DSV4_FLASH_TP8, Model
 from dsv4lab.stages import Stage
 from dsv4lab.testing import OUT_TOL, rel_err
@@ -83,26 +84,13 @@ def test_inputs_validate_and_have_fixed_shapes(model):
 
 # --- the step's own kernels against float64 -------------------------------------------------------
 
-def sinkhorn_reference(mixes, scale, base, n, iters, eps):
-    """SGLang's _mhc_pre_torch split + Sinkhorn, in float64."""
-    m, s, b = mixes.double(), scale.double(), base.double()
-    pre = torch.sigmoid(m[:, :n] * s[0] + b[:n]) + eps
-    post = 2 * torch.sigmoid(m[:, n:2 * n] * s[1] + b[n:2 * n])
-    comb = (m[:, 2 * n:].view(-1, n, n) * s[2] + b[2 * n:].view(n, n)).softmax(-1) + eps
-    comb = comb / (comb.sum(-2, keepdim=True) + eps)
-    for _ in range(iters - 1):
-        comb = comb / (comb.sum(-1, keepdim=True) + eps)
-        comb = comb / (comb.sum(-2, keepdim=True) + eps)
-    return pre, post, comb
-
-
 @pytest.mark.parametrize("B", [1, 3])
 def test_sinkhorn_kernel_matches_float64(B, dev):
     n = 4
     mixes = torch.randn(B, (2 + n) * n, device=dev) * 3
     scale, base = torch.rand(3, device=dev) + 0.5, torch.randn((2 + n) * n, device=dev)
     got = M.mhc_sinkhorn(mixes, scale, base, n, 20, 1e-6)
-    for g, r in zip(got, sinkhorn_reference(mixes, scale, base, n, 20, 1e-6)):
+    for g, r in zip(got, mhc_sinkhorn_float64(mixes, scale, base, n, 20, 1e-6)):
         assert rel_err(g, r.float()) < 1e-5
     comb = got[2].double()
     assert torch.allclose(comb.sum(-2), torch.ones(B, n, dtype=torch.float64), atol=1e-4)   # columns exactly normalized
@@ -114,7 +102,7 @@ def test_moe_grouped_gemm_matches_float64(E, m, K, N, dev):
     x = torch.randn(E, m, K, device=dev).to(torch.bfloat16)
     w = (torch.randn(E + 2, K, N, device=dev) * K ** -0.5).to(torch.bfloat16)   # only the first E used
     got = M.moe_grouped_gemm(x, w)
-    ref = torch.einsum("emk,ekn->emn", x.double(), w[:E].double())
+    ref = moe_grouped_gemm_float64(x, w)
     assert got.shape == (E, m, N) and rel_err(got, ref.float()) < 1e-5
     with pytest.raises(ValueError, match="rows per expert"):
         M.moe_grouped_gemm(torch.zeros(1, 17, K, dtype=torch.bfloat16, device=dev), w)
@@ -202,7 +190,7 @@ def reference_layer(model, i, h, inp):
     def pre(h, part):
         x = h.double().flatten(1)
         mixes = (x @ getattr(lw, f"hc_{part}_fn").double().T) * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
-        p, post, comb = sinkhorn_reference(mixes, getattr(lw, f"hc_{part}_scale"), getattr(lw, f"hc_{part}_base"),
+        p, post, comb = mhc_sinkhorn_float64(mixes, getattr(lw, f"hc_{part}_scale"), getattr(lw, f"hc_{part}_base"),
                                            n, cfg.sinkhorn_iters, cfg.hc_eps)
         y = _rms((p.unsqueeze(-1) * x.view(B, n, -1)).sum(1), getattr(lw, f"{part}_norm"), eps)
         return y, post, comb

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from ... import errors
-from ...config import DATA_BYTES, HEAD_DIM, NOPE_DIM, SCALE_BYTES
+from ...config import DATA_BYTES, HEAD_DIM, NOPE_DIM, QUANT_TILE, ROPE_DIM, SCALE_BYTES
 from ..buffers import alloc, out_dtype
 from ..rows import token_limit
 
@@ -39,6 +39,11 @@ def decode_call(q, cache, indices, topk_len, attn_sink, sm_scale):
     return args, constexprs, out, lse
 
 
+# the layout's byte counts as the jitted code may read them
+_DATA_BYTES = tl.constexpr(DATA_BYTES)
+_SCALE_BYTES = tl.constexpr(SCALE_BYTES)
+
+
 @triton.jit
 def load_kv_raw(kv_fp8, kv_u8, kv_bf16, tok, valid, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr,
                 NOPE: tl.constexpr, D: tl.constexpr):
@@ -54,8 +59,8 @@ def load_kv_raw(kv_fp8, kv_u8, kv_bf16, tok, valid, PAGE_SIZE: tl.constexpr, PAG
     slot = safe % PAGE_SIZE
     # page bytes and PAGE_SIZE*576 are multiples of 576: tell the compiler, so the
     # gathers become 16-byte vector loads instead of one byte per pointer
-    data = tl.multiple_of(page * PAGE_BYTES + slot * 576, 64)     # token's data bytes
-    scl = tl.multiple_of(page * PAGE_BYTES + PAGE_SIZE * 576 + slot * 8, 8)  # its 8 scale bytes
+    data = tl.multiple_of(page * PAGE_BYTES + slot * _DATA_BYTES, 64)     # token's data bytes
+    scl = tl.multiple_of(page * PAGE_BYTES + PAGE_SIZE * _DATA_BYTES + slot * _SCALE_BYTES, 8)  # its 8 scale bytes
     g = tl.arange(0, G)
     j = tl.arange(0, 64)
     is_nope = g < NOPE // 64
@@ -68,7 +73,7 @@ def load_kv_raw(kv_fp8, kv_u8, kv_bf16, tok, valid, PAGE_SIZE: tl.constexpr, PAG
 
 
 #: one token's bytes asked into L2: its 576 data bytes by the bulk-copy engine, its scale bytes by a line hint
-L2_PREFETCH_ASM = "cp.async.bulk.prefetch.L2.global [$1], 576; prefetch.global.L2 [$2]; mov.u32 $0, 0;"
+L2_PREFETCH_ASM = f"cp.async.bulk.prefetch.L2.global [$1], {DATA_BYTES}; prefetch.global.L2 [$2]; mov.u32 $0, 0;"
 _L2_PREFETCH = tl.constexpr(L2_PREFETCH_ASM)          # what a @triton.jit function may read
 
 
@@ -82,8 +87,8 @@ def prefetch_kv_l2_bulk(kv_u8, tok, valid, PAGE_SIZE: tl.constexpr, PAGE_BYTES: 
     safe = tl.where(valid, tok, 0).to(tl.int64)
     page = safe // PAGE_SIZE
     slot = safe % PAGE_SIZE
-    data = page * PAGE_BYTES + slot * 576
-    scl = page * PAGE_BYTES + PAGE_SIZE * 576 + slot * 8
+    data = page * PAGE_BYTES + slot * _DATA_BYTES
+    scl = page * PAGE_BYTES + PAGE_SIZE * _DATA_BYTES + slot * _SCALE_BYTES
     tl.inline_asm_elementwise(_L2_PREFETCH, "=r,l,l", [kv_u8 + data, kv_u8 + scl], dtype=tl.int32, is_pure=False,
                               pack=1)
 
@@ -179,4 +184,5 @@ def cache_views(cache):
     return cache.byte_views
 
 
-assert DATA_BYTES == 576 and SCALE_BYTES == 8 and HEAD_DIM == 512 and NOPE_DIM == 448
+# the tiles' 64-wide groups (one scale byte each) and the loads' 64-byte alignment hint
+assert QUANT_TILE == ROPE_DIM == 64 and SCALE_BYTES == HEAD_DIM // 64 and DATA_BYTES % 64 == 0

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 import triton
 
+from ...config import HEAD_DIM
 from ...device import info, is_interpret
 
 #: the kernel loops head_batched runs (TileConfig.loop):
@@ -202,7 +203,7 @@ def plans(B: int, H: int, K: int, *, sms: int | None = None, cfgs=None, partials
                 continue                              # would leave an empty trailing slice
             progs, waves, per, t = model_us(cfg, B, H, K, n, sms)
             if n > 1:
-                t += cfg.merge_us + PARTIAL_US_PER_MB * B * H * n * 512 * nbytes / 1e6
+                t += cfg.merge_us + PARTIAL_US_PER_MB * B * H * n * HEAD_DIM * nbytes / 1e6
             out.append(Plan("split" if n > 1 else "mma", cfg, n, progs, waves, per, t))
     return out
 

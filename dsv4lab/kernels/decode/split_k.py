@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from ... import errors
+from ...config import HEAD_DIM
 from ...registry import register
 from .. import buffers
 from ..buffers import alloc, finish, out_dtype
@@ -85,7 +86,7 @@ def merge_partials(O_PART, LSE_PART, SINK, O, LSE, ERR, b, heads, hmask, H, nspl
 def _combine_kernel(O_PART, LSE_PART, SINK, O, LSE, ERR, H, NSPLIT,
                     stride_pb, stride_ph, stride_ps, stride_ob, stride_oh,
                     HAS_SINK: tl.constexpr, SPLIT_P2: tl.constexpr, D: tl.constexpr,
-                    HEADS: tl.constexpr = 1, DCHUNK: tl.constexpr = 512, USE_GDC: tl.constexpr = False):
+                    HEADS: tl.constexpr = 1, DCHUNK: tl.constexpr = HEAD_DIM, USE_GDC: tl.constexpr = False):
     """The merge as its own launch: program (b, j) merges heads j*HEADS .. j*HEADS+HEADS-1 of row b."""
     if USE_GDC:
         tl.extra.cuda.gdc_wait()      # launched early (PDL): wait until the partials are written
@@ -100,7 +101,7 @@ COMBINE_HEADS = 1
 COMBINE_WARPS = 4
 
 
-def merge_chunk(heads: int, split_p2: int, num_warps: int, d: int = 512, per_thread: int = 32) -> int:
+def merge_chunk(heads: int, split_p2: int, num_warps: int, d: int = HEAD_DIM, per_thread: int = 32) -> int:
     """merge_partials' column chunk: a program holds heads x SPLIT_P2 x DCHUNK partial values at a
     time, sized to ~per_thread a thread (at least 16 columns). All factors are powers of two, so
     the chunk is one too and divides D."""
@@ -145,7 +146,7 @@ def workspace(B, H, nsplit, device, partials: str = "float32", *, poison: bool =
     kept per shape and reused on its every call; fresh while a CUDA graph is captured
     (buffers.workspaces)."""
     ws = buffers.workspaces(("split_k", B, H, nsplit, partials, device), device, lambda: (
-        torch.empty((B, H, nsplit, 512), dtype=getattr(torch, partials), device=device),
+        torch.empty((B, H, nsplit, HEAD_DIM), dtype=getattr(torch, partials), device=device),
         torch.empty((B, H, nsplit), dtype=torch.float32, device=device)))
     if poison:
         buffers.poison_all(*ws)

@@ -80,6 +80,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ...config import PAGE_SIZE
 from ..rows import INDEXER_NONFINITE_FLAG, live_length
 
 #: output positions one store of the -1 padding covers
@@ -255,7 +256,7 @@ def _store(out, aux, sel, slot, pos, start, held, ROLE: tl.constexpr):
 def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, MAXK, width, k, stride_xb, stride_ob, stride_fb, num_pages,
                  stride_pb, TILE: tl.constexpr, RADIX: tl.constexpr, OUT_BLOCK: tl.constexpr,
                  ANCHOR: tl.constexpr = 11, ROLE: tl.constexpr = 0, GUARD: tl.constexpr = False,
-                 PAGE: tl.constexpr = 64, MERGE_TILE: tl.constexpr = 32, REBASE: tl.constexpr = True,
+                 PAGE: tl.constexpr = PAGE_SIZE, MERGE_TILE: tl.constexpr = 32, REBASE: tl.constexpr = True,
                  SHARED_HIST: tl.constexpr = False, SPLIT: tl.constexpr = 1):
     """ROLE 0: the top-k of row b's live prefix. ROLE 1 (grid (B, S)): the top-k of chunk s of
     it, written as k candidates (positions to OUT, logits to AUX: [B, S*k], chunk s at s*k, -1 /

@@ -6,6 +6,7 @@ program's clocks) and ``ABLATE`` (one partition alone) are compile-time switches
 experiments/hopper_decode turn on; the lab's launch leaves them off, so they compile out."""
 from __future__ import annotations
 
+from ....config import DATA_BYTES, SCALE_BYTES
 from ....errors import Flag
 from ..kv_tiles import E4M3_BAD_SCALE, E4M3_TO_BF16_ASM, L2_PREFETCH_ASM
 
@@ -24,6 +25,8 @@ if gluon is not None:
     _E4M3_ASM = gl.constexpr(E4M3_TO_BF16_ASM)
     _E4M3_BAD = gl.constexpr(E4M3_BAD_SCALE)
     _L2_PREFETCH_ASM = gl.constexpr(L2_PREFETCH_ASM)
+    _DATA_BYTES = gl.constexpr(DATA_BYTES)
+    _SCALE_BYTES = gl.constexpr(SCALE_BYTES)
     _INDEX_FLAG = gl.constexpr(int(Flag.INDEX))
     _TOPK_LEN_FLAG = gl.constexpr(int(Flag.TOPK_LEN))
     _SINK_FLAG = gl.constexpr(int(Flag.SINK))
@@ -73,8 +76,8 @@ if gluon is not None:
         safe = gl.where(valid, tok, 0).to(gl.int64)
         page = safe // PAGE_SIZE
         slot = safe % PAGE_SIZE
-        data = gl.multiple_of(page * PAGE_BYTES + slot * 576, 64)
-        scl = gl.multiple_of(page * PAGE_BYTES + PAGE_SIZE * 576 + slot * 8, 8)
+        data = gl.multiple_of(page * PAGE_BYTES + slot * _DATA_BYTES, 64)
+        scl = gl.multiple_of(page * PAGE_BYTES + PAGE_SIZE * _DATA_BYTES + slot * _SCALE_BYTES, 8)
         return data, scl, valid
 
     @gluon.jit
