@@ -289,7 +289,7 @@ def measure_decode(impls, batches, shapes=None, layers=None) -> pd.DataFrame:
     from .config import shapes as _shapes
     s = shapes or _shapes()
     rows = decode_table(impls, batches, H=s.heads, K=s.topk, context=s.context, page_size=s.page_size,
-                              baseline=impls[0], layers=LAYERS if layers is None else layers)
+                        baseline=impls[0], layers=LAYERS if layers is None else layers)
     return pd.DataFrame(rows)
 
 
@@ -356,12 +356,13 @@ def environment() -> dict:
          "tile_table": planning.table_dict(),
          "launches": {f"{i.name} B={B}": i.launch(B, 64, 512).as_dict() for i in registered(tag="recorded")
                       if i.launch is not None for B in (1, 32)} if mode() != "compile" else None}
+    from .kernels.decode import sglang_peer
     try:
-        from .kernels.decode import sglang_peer
         sglang_peer.sglang_file()
-        d["sglang"] = sglang_peer.SGLANG_VERSION
+        sglang = sglang_peer.SGLANG_VERSION
     except ImportError:
-        d["sglang"] = None
+        sglang = None                       # no wheel: its kernel does not run here
+    d["sglang"] = sglang
     return d
 
 

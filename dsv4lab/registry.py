@@ -30,6 +30,10 @@ TAGS = {
     "simt": "the lab's SIMT decode: what the tensor-core kernels are checked against (the story's bound)",
     "exact": "indexer: q . k exact in fp32, judged by the tight logits bound (testing.INDEXER_TOL)",
     "dispatcher": "runs another impl per shape (Impl.dispatch)",
+    "peer": "SGLang's own code, run from its wheel (tagged by register where needs names the wheel): run as "
+            "SGLang runs it (merged_decode calls SGLang's whole two-cache function for it)",
+    "beyond_story": "the lab's kernel past the story's campaign (no stage): the story-vs-lab table's "
+                    "'beyond the story' figures",
 }
 
 
@@ -92,7 +96,8 @@ def register(op: str, name: str, *, tags=(), **props):
         else:
             guarded = guards.indexer_entry(fn, op=op, dead_pages=props.get("reads_dead_pages", False),
                                            guarded=props.get("guards_inputs", False))
-        tagged = set(tags) | ({"dispatcher"} if props.get("dispatch") else set())
+        tagged = (set(tags) | ({"dispatcher"} if props.get("dispatch") else set())
+                  | ({"peer"} if "sglang" in props.get("needs", ()) else set()))
         _IMPLS[op][name] = Impl(op, name, guarded, tags=frozenset(tagged), **props)
         return fn
     return deco
