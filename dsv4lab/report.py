@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import runs
 from .registry import registered
-from .stages import stage
+from .stages import STORY_STEPS, stage
 
 
 def _fmt(v, digits=1):
@@ -25,8 +25,8 @@ def run_line(part: str = "decode", run: str = "h200") -> str:
     dev = d["device"]
     c = d.get("ceilings") or runs.load("device", run).get("ceilings", {})
     ceil = f"; measured ceilings {c['copy_tb_s']:.2f} TB/s copy, {c['bf16_tflops']:.0f} TFLOP/s bf16 matmul" if c else ""
-    return (f"Run {d['date'][:16]}Z (device clock) on one {dev['name']} ({dev['sm_count']} SMs; torch {d['torch']}, "
-            f"triton {d['triton']}{ceil}).")
+    return (f"Run {d['date'][:16]}Z (device clock) on one {dev['name']} ({dev['sm_count']} SMs; "
+            f"{runs.versions(d)}{ceil}).")
 
 
 def decode_run_table(run: str = "h200") -> str:
@@ -81,7 +81,7 @@ def indexer_step_targets(run: str = "h200") -> str:
     its provenance and every target it was measured against."""
     d = runs.load("indexer_step", run)
     dev = d["device"]
-    lines = [f"Run {d['date'][:16]}Z on one {dev['name']} (torch {d['torch']}, triton {d['triton']}), "
+    lines = [f"Run {d['date'][:16]}Z on one {dev['name']} ({runs.versions(d)}), "
              f"`data/runs/{run}/indexer_step.json`:", "",
              "| B = 32, 8192 live tokens a request unless said | measured | target | met |", "|---|---|---|---|"]
     for r in d["rows"]:
@@ -96,7 +96,7 @@ def replay_run_line(run: str = runs.REPLAY_RUN) -> str:
     """What the recorded replay ran: date, device, versions, the model's share and layer mix."""
     d = runs.replay(run)
     env, cfg = d["environment"], d["config"]
-    return (f"Run {env['date'][:16]}Z on one {env['device']['name']} (torch {env['torch']}, triton {env['triton']}): "
+    return (f"Run {env['date'][:16]}Z on one {env['device']['name']} ({runs.versions(env)}): "
             f"{cfg['name']}, {cfg['layers_window']} window-only + {cfg['layers_c4']} ratio-4 + {cfg['layers_c128']} "
             f"ratio-128 layers, {cfg['live_context']} live tokens a request, max context {cfg['max_context']}; "
             f"each step one CUDA graph per C, {d['elapsed_s']:.0f} s in all.")
@@ -130,8 +130,8 @@ def replay_devices_table(C=(1, 32, 64)) -> str:
     for run in names:
         d = runs.replay(run)
         env = d["environment"]
-        lines.append(f"- `{run}`: {env['device']['name']}, {env['date'][:16]}Z, torch {env['torch']}, "
-                     f"triton {env['triton']}, {d['elapsed_s']:.0f} s")
+        lines.append(f"- `{run}`: {env['device']['name']}, {env['date'][:16]}Z, {runs.versions(env)}, "
+                     f"{d['elapsed_s']:.0f} s")
         tp = pd.DataFrame(d.get("tables", {}).get("throughput", []), columns=["stage", "C", "tok_s"])
         tok[run] = tp.pivot_table(index="stage", columns="C", values="tok_s", sort=False)
         stages += [st for st in tok[run].index if st not in stages]
@@ -266,8 +266,8 @@ def story_vs_lab_table(run: str = runs.REPLAY_RUN, kernel_run: str = runs.KERNEL
     beside the lab's own figure on its recorded devices: the campaign replay (``runs.replay(run)``) and
     the recorded decode, indexer and check runs of ``kernel_run`` (each row names the device it was
     measured on). Columns: group, figure, story, lab, "lab: measured as",
-    "why they differ", "beyond the story" (the lab's Hopper kernel, impl "hopper", where it has a
-    figure), and the change each side reports as one factor (story x, lab x: > 1 is faster) where the
+    "why they differ", "beyond the story" (the lab's Hopper kernel, the registry's tag "beyond_story",
+    where it has a figure), and the change each side reports as one factor (story x, lab x: > 1 is faster) where the
     figure is a change. The story's numbers are never mixed into the lab's."""
     import pandas as pd
 
@@ -312,11 +312,12 @@ def story_vs_lab_table(run: str = runs.REPLAY_RUN, kernel_run: str = runs.KERNEL
     d = story_row("sparse-MLA")
     iso = isolated_per_step(rep)
     i32 = iso[iso.B == B].set_index(["impl", "kind"])
-    wide = ("ratio 128" if ("sglang", "ratio 128") in i32.index else None)
+    base, story_k = registered(tag="baseline")[0].name, stage("S1").decode_impl
+    wide = ("ratio 128" if (base, "ratio 128") in i32.index else None)
     dec = (R.ms("S0", profile.DECODE), R.ms("S1", profile.DECODE))
     why = window
     if wide:
-        c128 = i32.loc[("sglang", wide)]
+        c128 = i32.loc[(base, wide)]
         why += (f"; on the ratio-128 layers both kernels walk every entry of an index row {int(c128.entries)} wide "
                 f"({int(c128.valid)} valid), as SGLang's loop does")
     why += _bridge_why(rep)
@@ -329,28 +330,30 @@ def story_vs_lab_table(run: str = runs.REPLAY_RUN, kernel_run: str = runs.KERNEL
     here_k = f"one {kdev['name']} ({kdev['sm_count']} SMs)"
     dt = runs.table("decode", kernel_run)
     t = dt.pivot_table(index="B", columns="impl", values="graph_us")
-    story_alone = i32.loc[("mma_story", "ratio 4")].us_per_call if ("mma_story", "ratio 4") in i32.index else None
-    sg_alone = i32.loc[("sglang", "ratio 4")].us_per_call if ("sglang", "ratio 4") in i32.index else None
-    lab_alone = (f"{kdev['name'].removeprefix('NVIDIA ')}: SGLang's kernel {t.loc[B, 'sglang']:.0f} us per call; the lab's mma {t.loc[B, 'mma']:.1f} "
-                 f"({t.loc[B, 'sglang'] / t.loc[B, 'mma']:.0f}x), splitk_auto {t.loc[B, 'splitk_auto']:.1f} "
-                 f"({t.loc[B, 'sglang'] / t.loc[B, 'splitk_auto']:.0f}x)")
+    tuned, split = stage("S1best").decode_impl, stage("S2").decode_impl
+    story_alone = i32.loc[(story_k, "ratio 4")].us_per_call if (story_k, "ratio 4") in i32.index else None
+    sg_alone = i32.loc[(base, "ratio 4")].us_per_call if (base, "ratio 4") in i32.index else None
+    lab_alone = (f"{kdev['name'].removeprefix('NVIDIA ')}: SGLang's kernel {t.loc[B, base]:.0f} us per call; the lab's {tuned} {t.loc[B, tuned]:.1f} "
+                 f"({t.loc[B, base] / t.loc[B, tuned]:.0f}x), {split} {t.loc[B, split]:.1f} "
+                 f"({t.loc[B, base] / t.loc[B, split]:.0f}x)")
     if story_alone and sg_alone:
         lab_alone += (f"; {here}: the story's kernel {story_alone:.0f} us vs SGLang's {sg_alone:.0f} in the "
                       f"replay's ratio-4 call ({sg_alone / story_alone:.0f}x)")
     beyond = "-"
     if hop is not None and B in hop.index:
-        beyond = (f"hopper {hop.loc[B, 'hopper']:.1f} us at B = {B} vs splitk_auto {hop.loc[B, 'splitk_auto']:.1f} "
+        hopper = _beyond_story()
+        beyond = (f"{hopper} {hop.loc[B, hopper]:.1f} us at B = {B} vs {split} {hop.loc[B, split]:.1f} "
                   f"(same run)")
         big = max(hop.index)
-        if "mma" in hop and big != B:
-            beyond += f"; B = {big}: {hop.loc[big, 'hopper']:.1f} vs mma {hop.loc[big, 'mma']:.1f} us"
+        if tuned in hop and big != B:
+            beyond += f"; B = {big}: {hop.loc[big, hopper]:.1f} vs {tuned} {hop.loc[big, tuned]:.1f} us"
     add(grp, f"sparse-MLA decode, the kernel alone (B = {B}, {cfg['index_topk']} valid entries)",
         f"not published (in the model: {d.before_ms / d.after_ms:.1f}x)", lab_alone,
         f"recorded decode run, one call per CUDA graph, B = {B}, on {here_k}; the replay's calls on {here}",
         f"the story measured its kernels inside its server only; here every kernel on the same rows; the story's "
         f"first MMA kernel (BLOCK_H {STORY_TILES.block_h}, no prefetch, no split) is not the "
         f"lab's tuned one",
-        None, _x(t.loc[B, "sglang"], t.loc[B, "splitk_auto"]), beyond)
+        None, _x(t.loc[B, base], t.loc[B, split]), beyond)
     for cat, extra in ((profile.DECODE, ""), (profile.FP32_GEMM, "; both: its ms unchanged, its share grew with "
                                                                   "the smaller total"),
                        (profile.GLUE, "; both: the indexer's fallback over the max context"), (profile.MOE, "")):
@@ -398,9 +401,10 @@ def story_vs_lab_table(run: str = runs.REPLAY_RUN, kernel_run: str = runs.KERNEL
     # -- the other published figures (story_facts) -----------------------------------------------------
     grp = "other published figures"
     ch = runs.table("checks", kernel_run)
-    tc = ch[ch.impl.isin(["mma", "splitk", "splitk_auto"])].vs_simt_err.dropna()
+    lab_tc = [i for i in _lab_tensor_core() if i in set(ch.impl)]
+    tc = ch[ch.impl.isin(lab_tc)].vs_simt_err.dropna()
     add(grp, "MMA vs SIMT kernel, relative error", runs.story_fact("MMA vs SIMT kernel rel. error"),
-        f"<= {tc.max():.1e} (mma, splitk, splitk_auto vs the lab's SIMT kernel, {tc.size} checks)",
+        f"<= {tc.max():.1e} ({', '.join(lab_tc)} vs the lab's SIMT kernel, {tc.size} checks)",
         f"recorded checks on {here_k}: fresh random inputs, odd sizes, padding, sinks",
         "story: its MMA kernel against SGLang's on its GPU; here the lab's tensor-core kernels against its SIMT "
         "kernel (both also checked against a float64 reference)",
@@ -422,9 +426,10 @@ def story_vs_lab_table(run: str = runs.REPLAY_RUN, kernel_run: str = runs.KERNEL
         f = gs["fit"]
         lab = (f"S0's glue = {f['glue_fixed_ms']:.1f} ms + {f['glue_per_ratio4_layer_ms']:.1f} ms per ratio-4 "
                f"layer (r2 {f['r2']:.3f}); ")
+    fallback, live_only = stage("S0").indexer_impl, stage("S4").indexer_impl
     if L in ix.index and live in ix.index:
-        lab += (f"the fallback alone at B = {B} on {here_k}: {ix.loc[L, 'torch_fp32'] / 1e3:.1f} ms at width {L} vs "
-                f"{ix.loc[live, 'torch_fp32'] / 1e3:.2f} ms at {live}; the Triton indexer {ix.loc[L, 'triton']:.1f} us")
+        lab += (f"the fallback alone at B = {B} on {here_k}: {ix.loc[L, fallback] / 1e3:.1f} ms at width {L} vs "
+                f"{ix.loc[live, fallback] / 1e3:.2f} ms at {live}; the Triton indexer {ix.loc[L, live_only]:.1f} us")
     add(grp, "root cause of the glue", runs.story_fact("root cause of glue"), lab,
         "the replay's S0 with 0..21 ratio-4 layers (C = 32); the recorded indexer run (graph replay)",
         "the same fallback and width (the lab's config follows SGLang's max context); the story found it in its "
@@ -473,8 +478,23 @@ def _c1_why(rep: dict) -> str:
             f"published: a residue of {res:.2f}")
 
 
+def _lab_tensor_core() -> list[str]:
+    """The lab's own tensor-core decode kernels: tag "tensor_core" and a stage the story did not take (the
+    story's kernel, the dispatcher and the kernel beyond the story aside), in the registry's order."""
+    return [i.name for i in registered(tag="tensor_core") if i.stage and i.stage not in STORY_STEPS]
+
+
+def _beyond_story() -> str:
+    """The lab's kernel past the story's campaign (the registry's tag "beyond_story")."""
+    (impl,) = registered(tag="beyond_story")
+    return impl.name
+
+
 #: the recorded run of the Hopper kernel the tables read (experiments/hopper_decode)
 HOPPER_RUN = "h200_run5"
+#: impls renamed since: runs recorded before the dispatcher (kernels/decode/auto.py) took its name
+#: call the split-K kernel by it
+_RENAMED = {"auto": "splitk_auto"}
 
 
 def _hopper_times():
@@ -490,13 +510,12 @@ def _hopper_times():
 
 
 def hopper_time_rows(d: dict):
-    """The timing rows of a recorded hopper_decode run as a DataFrame. Runs recorded before ``auto``
-    became the dispatcher (kernels/auto.py) name the split-K kernel ``auto``: it is ``splitk_auto``
-    now, and is renamed so."""
+    """The timing rows of a recorded hopper_decode run as a DataFrame, the impls under their names of
+    today (_RENAMED)."""
     import pandas as pd
     df = pd.DataFrame([r for r in d["rows"] if r.get("kind") == "time"])
-    if not df.empty and "splitk_auto" not in set(df["impl"]):
-        df["impl"] = df["impl"].replace({"auto": "splitk_auto"})
+    if not df.empty and not set(_RENAMED.values()) & set(df["impl"]):
+        df["impl"] = df["impl"].replace(_RENAMED)
     return df
 
 
@@ -505,8 +524,9 @@ def _hopper_check() -> str:
         d = runs.experiment("hopper_decode", HOPPER_RUN)
     except FileNotFoundError:
         return "-"
-    errs = [r["out_err"] for r in d["rows"] if r.get("kind") == "check" and r.get("impl") == "hopper"]
-    return f"hopper vs the float64 reference: out error <= {max(errs):.1e} ({len(errs)} checks)" if errs else "-"
+    hopper = _beyond_story()
+    errs = [r["out_err"] for r in d["rows"] if r.get("kind") == "check" and r.get("impl") == hopper]
+    return f"{hopper} vs the float64 reference: out error <= {max(errs):.1e} ({len(errs)} checks)" if errs else "-"
 
 
 STORY_VS_LAB_COLUMNS = ("figure", "story", "lab", "why they differ", "beyond the story")
