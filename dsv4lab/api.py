@@ -76,9 +76,9 @@ def indexer_topk(q, index_cache, weights, seq_lens, page_table, *, max_seq_len: 
     positive int of at most max(max_seq_len, 2048). A live logit that came out NaN or inf (non-finite
     q or weights, an overflow) is flagged by every impl: NaN and +inf rank first, -inf is never chosen,
     so that row's positions are not an answer. The positions are a set for the sparse decode; their
-    order is the impl's: descending logit for the torch paths and the reference, ascending position for impl="triton"
-    (whose ties at the k-th value go to the lower position: ``reference.topk_positions`` is its
-    exact contract). An impl with ``Impl.prepare`` (impl="triton") keeps what a call's checks and
+    order is the impl's: descending logit for the torch paths and the reference, ascending position for the
+    Triton indexer (whose ties at the k-th value go to the lower position: ``reference.topk_positions`` is
+    its exact contract). An impl with ``Impl.prepare`` (the Triton indexer) keeps what a call's checks and
     launch planning decided under its argument signature (shapes, strides, dtypes, devices, the
     cache object, max_seq_len, topk): an eager loop's later calls of that signature go straight to
     the launches."""

@@ -54,8 +54,8 @@ _SWEPT: dict = {}
 
 
 def run_tiles(batches=(1, 8, 32, 128)) -> list[dict]:
-    """The tile sweep; the fastest checked config at the largest B becomes this device's "mma"
-    entry for the rest of the run."""
+    """The tile sweep; the fastest checked config at the largest B becomes this device's whole-row
+    entry of the tile table for the rest of the run."""
     rows = sweeps.tile_sweep(batches=batches, log=_log)
     ok = [r for r in rows if "error" not in r and r["out_err"] <= checks.OUT_TOL and r["lse_err"] <= checks.LSE_TOL]
     best = min(ok, key=lambda r: r[f"us_B{max(batches)}"])

@@ -285,7 +285,7 @@ def check_indexer(impl: str, inp: IndexerInputs, topk: int = 512):
 
 
 def check_indexer_step(inp: IndexerInputs, topk: int = 512, got: torch.Tensor | None = None) -> dict:
-    """The indexer step over the live context (``indexer_topk(impl="triton")``'s registered function, what
+    """The indexer step over the live context (S4's indexer_topk impl's registered function, what
     a captured graph runs: no API checks), run on poisoned outputs unless its positions ``got`` are given:
     ``exact``, they are the contract (reference.topk_positions) on the Triton kernel's own logits;
     ``recall``, the share of the float64 reference's selection found (ties counted); ``logits_err``, the
