@@ -166,11 +166,14 @@ def make_merged_decode_inputs(B, H, window_k, compressed_k=None, *, window_conte
     return MergedDecodeInputs(w, c)
 
 
-def check_decode(impl: str, inp: DecodeInputs, *, against: str = "reference"):
-    """Run ``impl`` on poisoned outputs; return (out rel. error, lse rel. error) vs ``against``."""
+def check_decode(impl, inp: DecodeInputs, *, against: str = "reference"):
+    """Run ``impl`` on poisoned outputs; return (out rel. error, lse rel. error) vs ``against``. ``impl``
+    is a registered name, or a callable ``run(inp) -> (out, lse)``: a launch no impl names (a tile
+    config, a sweep's candidate, the story's kernel at another BLOCK_H) judged the same way."""
     from . import api, reference
+    run = impl if callable(impl) else lambda i: api.sparse_decode(i.q, i.cache, i.indices, impl=impl, **i.kwargs())
     with poisoned():
-        out, lse = api.sparse_decode(inp.q, inp.cache, inp.indices, impl=impl, **inp.kwargs())
+        out, lse = run(inp)
     if against == "reference":
         ro, rl = reference.sparse_decode(inp.q, inp.cache, inp.indices, **inp.kwargs())
     else:
