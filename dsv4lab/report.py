@@ -19,6 +19,12 @@ def _fmt(v, digits=1):
     return "-" if v is None or v != v else f"{v:.{digits}f}"
 
 
+def _markdown(head, rows) -> str:
+    """A markdown table: the header cells, the rule, one line per row of cells (text)."""
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+                     + ["| " + " | ".join(cells) + " |" for cells in rows])
+
+
 def run_line(part: str = "decode", run: str = "h200") -> str:
     """'Run <date> on one <device> (<SMs> SMs; torch, triton; measured ceilings)' of a recorded part."""
     d = runs.load(part, run)
@@ -45,12 +51,12 @@ def decode_run_table(run: str = "h200") -> str:
     head = ["B", *impls, f"{lead} vs {base}"]
     has_layer = layer is not None and lead in layer
     if has_layer:
-        head += [f"{lead}, 8-call graph", "vs sglang, same"]
+        head += [f"{lead}, 8-call graph", f"vs {base}, same"]
     eager = (df[df.impl == lead].groupby("B")["back_to_back_us"].median()
              if "back_to_back_us" in df and df.loc[df.impl == lead, "back_to_back_us"].notna().any() else None)
     if eager is not None:
         head += [f"{lead}, eager back to back"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for B, r in t.iterrows():
         cells = [str(int(B)), *(_fmt(r.get(i)) for i in impls)]
         cells.append(f"{r[base] / r[lead]:.0f}x" if {base, lead} <= set(r.index) else "-")
@@ -59,8 +65,8 @@ def decode_run_table(run: str = "h200") -> str:
             cells += [_fmt(lr.get(lead)), f"{lr[base] / lr[lead]:.0f}x" if base in lr else "-"]
         if eager is not None:
             cells.append(_fmt(eager.get(B)))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append(cells)
+    return _markdown(head, rows)
 
 
 def indexer_table(run: str = "h200") -> str:
@@ -70,10 +76,8 @@ def indexer_table(run: str = "h200") -> str:
     t = tm.pivot_table(index="max_seq_len", columns="impl", values="graph_us")
     recorded = [i.name for i in registered("indexer_logits", tag="recorded")]
     cols = [c for c in recorded if c in t] + [c for c in t.columns if c not in recorded]
-    lines = ["| max context | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
-    for L, r in t.iterrows():
-        lines.append(f"| {int(L)} | " + " | ".join(_fmt(r[c]) for c in cols) + " |")
-    return "\n".join(lines)
+    rows = ([str(int(L)), *(_fmt(r[c]) for c in cols)] for L, r in t.iterrows())
+    return _markdown(["max context", *cols], rows)
 
 
 def indexer_step_targets(run: str = "h200") -> str:
@@ -81,15 +85,10 @@ def indexer_step_targets(run: str = "h200") -> str:
     its provenance and every target it was measured against."""
     d = runs.load("indexer_step", run)
     dev = d["device"]
-    lines = [f"Run {d['date'][:16]}Z on one {dev['name']} ({runs.versions(d)}), "
-             f"`data/runs/{run}/indexer_step.json`:", "",
-             "| B = 32, 8192 live tokens a request unless said | measured | target | met |", "|---|---|---|---|"]
-    for r in d["rows"]:
-        if r["kind"] == "target":
-            value = "-" if r.get("value") is None else f"{r['value']:.4g}"
-            lines.append(f"| {r['metric']} | {value} | {r['cmp']} {r['target']:g} | "
-                         f"{'yes' if r['meets'] else '**no**'} |")
-    return "\n".join(lines)
+    rows = [[r["metric"], "-" if r.get("value") is None else f"{r['value']:.4g}", f"{r['cmp']} {r['target']:g}",
+             "yes" if r["meets"] else "**no**"] for r in d["rows"] if r["kind"] == "target"]
+    return (f"Run {d['date'][:16]}Z on one {dev['name']} ({runs.versions(d)}), `data/runs/{run}/indexer_step.json`:"
+            "\n\n" + _markdown(["B = 32, 8192 live tokens a request unless said", "measured", "target", "met"], rows))
 
 
 def replay_run_line(run: str = runs.REPLAY_RUN) -> str:
@@ -110,13 +109,11 @@ def replay_throughput_table(run: str = runs.REPLAY_RUN) -> str:
     fits = {f["stage"]: f for f in d["fits"]}
     t = tp.pivot_table(index="stage", columns="C", values="tok_s", sort=False)
     cs = list(t.columns)
-    lines = ["| stage | " + " | ".join(f"tok/s C={c}" for c in cs) + " | marginal ms per request | asymptote tok/s |",
-             "|---|" + "---|" * (len(cs) + 2)]
+    rows = []
     for stage, r in t.iterrows():
         f = fits.get(stage, {})
-        lines.append(f"| {stage} | " + " | ".join(_fmt(r[c]) for c in cs)
-                     + f" | {_fmt(f.get('b_ms'), 2)} | {_fmt(f.get('asymptote_tok_s'), 0)} |")
-    return "\n".join(lines)
+        rows.append([stage, *(_fmt(r[c]) for c in cs), _fmt(f.get("b_ms"), 2), _fmt(f.get("asymptote_tok_s"), 0)])
+    return _markdown(["stage", *(f"tok/s C={c}" for c in cs), "marginal ms per request", "asymptote tok/s"], rows)
 
 
 def replay_devices_table(C=(1, 32, 64)) -> str:
@@ -135,20 +132,16 @@ def replay_devices_table(C=(1, 32, 64)) -> str:
         tp = pd.DataFrame(d.get("tables", {}).get("throughput", []), columns=["stage", "C", "tok_s"])
         tok[run] = tp.pivot_table(index="stage", columns="C", values="tok_s", sort=False)
         stages += [st for st in tok[run].index if st not in stages]
-    lines += ["", "| stage | " + " | ".join(f"tok/s C={c} {run}" for c in C for run in names) + " |",
-              "|---|" + "---|" * (len(C) * len(names))]
-    for stage in stages:
-        cells = [_fmt(tok[run].loc[stage, c]) if stage in tok[run].index and c in tok[run].columns else "-"
-                 for c in C for run in names]
-        lines.append(f"| {stage} | " + " | ".join(cells) + " |")
+    rows = [[stage, *(_fmt(tok[run].loc[stage, c]) if stage in tok[run].index and c in tok[run].columns else "-"
+                      for c in C for run in names)] for stage in stages]
+    lines += ["", _markdown(["stage", *(f"tok/s C={c} {run}" for c in C for run in names)], rows)]
     titles = {run: {s["name"]: f"{s['decode_impl']}: {s['title']}" for s in runs.replay(run).get("stages_run", [])}
               for run in names}
     differ = [st for st in stages if len({titles[run].get(st) for run in names if st in titles[run]}) > 1]
     if differ:
+        rows = [[st, *(titles[run].get(st, "-").replace("|", "\\|") for run in names)] for st in differ]
         lines += ["", "The records define these stages differently (decode impl: the stage as each run recorded it):",
-                  "", "| stage | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
-        lines += [f"| {st} | " + " | ".join(titles[run].get(st, "-").replace("|", "\\|") for run in names) + " |"
-                  for st in differ]
+                  "", _markdown(["stage", *names], rows)]
     return "\n".join(lines)
 
 
@@ -156,27 +149,18 @@ def replay_shift_table(run: str = runs.REPLAY_RUN, before: str = "S0", after: st
     """The story's table, measured: kernel time by category before and after the MMA kernel at C = 32,
     beside the story's published shares."""
     d = runs.replay(run)["tables"]
+    from .profile import STORY_CATEGORY
     rows = next(t["rows"] for t in d["transitions"] if t["before"] == before and t["after"] == after)
     story = runs.campaign("story_profile").set_index("kernel")
-    key = {"sparse-MLA decode": "sparse-MLA decode", "FP32 SIMT GEMM": "FP32 SIMT GEMM",
-           "elementwise/copy/reduce glue": "elementwise/copy/reduce glue", "MoE GEMM": "FP4 MoE GEMM",
-           "total kernel time": "total GPU kernel time"}
+    names = {**STORY_CATEGORY, "total kernel time": "total GPU kernel time"}    # the story's row prefixes
 
     def story_of(cat):
-        for k, v in key.items():
-            if cat.startswith(k):
-                hit = [i for i in story.index if i.startswith(v)]
-                if hit:
-                    r = story.loc[hit[0]]
-                    return f"{r.before_share_pct:g}% -> {r.after_share_pct:g}%"
-        return ""
-    lines = [f"| kernel category | {before} ms | {before} % | {after} ms | {after} % | speedup | the story (% of kernel time) |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        cat = r["kernel category"]
-        lines.append(f"| {cat} | {_fmt(r[f'{before} ms'])} | {_fmt(r[f'{before} %'])} | {_fmt(r[f'{after} ms'])} | "
-                     f"{_fmt(r[f'{after} %'])} | {_fmt(r['speedup'], 2)}x | {story_of(cat)} |")
-    return "\n".join(lines)
+        r = next((story.loc[i] for i in story.index if cat in names and i.startswith(names[cat])), None)
+        return "" if r is None else f"{r.before_share_pct:g}% -> {r.after_share_pct:g}%"
+    cols = [f"{before} ms", f"{before} %", f"{after} ms", f"{after} %"]
+    return _markdown(["kernel category", *cols, "speedup", "the story (% of kernel time)"],
+                     ([r["kernel category"], *(_fmt(r[c]) for c in cols), f"{_fmt(r['speedup'], 2)}x",
+                       story_of(r["kernel category"])] for r in rows))
 
 
 def bad_input_table() -> str:
@@ -341,7 +325,7 @@ def story_vs_lab_table(run: str = runs.REPLAY_RUN, kernel_run: str = runs.KERNEL
                       f"replay's ratio-4 call ({sg_alone / story_alone:.0f}x)")
     beyond = "-"
     if hop is not None and B in hop.index:
-        hopper = _beyond_story()
+        hopper = registered(tag="beyond_story")[0].name
         beyond = (f"{hopper} {hop.loc[B, hopper]:.1f} us at B = {B} vs {split} {hop.loc[B, split]:.1f} "
                   f"(same run)")
         big = max(hop.index)
@@ -479,34 +463,29 @@ def _c1_why(rep: dict) -> str:
 
 
 def _lab_tensor_core() -> list[str]:
-    """The lab's own tensor-core decode kernels: tag "tensor_core" and a stage the story did not take (the
-    story's kernel, the dispatcher and the kernel beyond the story aside), in the registry's order."""
+    """The lab's own tensor-core decode kernels (tag "tensor_core" and a stage the story did not take)."""
     return [i.name for i in registered(tag="tensor_core") if i.stage and i.stage not in STORY_STEPS]
-
-
-def _beyond_story() -> str:
-    """The lab's kernel past the story's campaign (the registry's tag "beyond_story")."""
-    (impl,) = registered(tag="beyond_story")
-    return impl.name
 
 
 #: the recorded run of the Hopper kernel the tables read (experiments/hopper_decode)
 HOPPER_RUN = "h200_run5"
-#: impls renamed since: runs recorded before the dispatcher (kernels/decode/auto.py) took its name
-#: call the split-K kernel by it
+#: old impl name -> today's: runs recorded before the dispatcher (kernels/decode/auto.py) took its name gave it
+#: to split-K
 _RENAMED = {"auto": "splitk_auto"}
 
 
-def _hopper_times():
-    """B x impl graph_us of the recorded Hopper-kernel run (experiments/hopper_decode), or None."""
+def _hopper_run() -> dict:
+    """The recorded Hopper-kernel run (experiments/hopper_decode); no rows where it is not recorded."""
     try:
-        d = runs.experiment("hopper_decode", HOPPER_RUN)
+        return runs.experiment("hopper_decode", HOPPER_RUN)
     except FileNotFoundError:
-        return None
-    df = hopper_time_rows(d)
-    if df.empty:
-        return None
-    return df.pivot_table(index="B", columns="impl", values="graph_us")
+        return {"rows": []}
+
+
+def _hopper_times():
+    """B x impl graph_us of the recorded Hopper-kernel run, or None."""
+    df = hopper_time_rows(_hopper_run())
+    return None if df.empty else df.pivot_table(index="B", columns="impl", values="graph_us")
 
 
 def hopper_time_rows(d: dict):
@@ -520,12 +499,8 @@ def hopper_time_rows(d: dict):
 
 
 def _hopper_check() -> str:
-    try:
-        d = runs.experiment("hopper_decode", HOPPER_RUN)
-    except FileNotFoundError:
-        return "-"
-    hopper = _beyond_story()
-    errs = [r["out_err"] for r in d["rows"] if r.get("kind") == "check" and r.get("impl") == hopper]
+    hopper = registered(tag="beyond_story")[0].name
+    errs = [r["out_err"] for r in _hopper_run()["rows"] if r.get("kind") == "check" and r.get("impl") == hopper]
     return f"{hopper} vs the float64 reference: out error <= {max(errs):.1e} ({len(errs)} checks)" if errs else "-"
 
 
@@ -536,8 +511,4 @@ def story_vs_lab_markdown(run: str = runs.REPLAY_RUN, columns=STORY_VS_LAB_COLUM
                          kernel_run: str = runs.KERNEL_RUN) -> str:
     """:func:`story_vs_lab_table`'s ``columns`` as a markdown table (the README's block)."""
     df = story_vs_lab_table(run, kernel_run)
-    cols = list(columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for _, r in df.iterrows():
-        lines.append("| " + " | ".join(str(r[c]).replace("|", "\\|") for c in cols) + " |")
-    return "\n".join(lines)
+    return _markdown(columns, ([str(r[c]).replace("|", "\\|") for c in columns] for _, r in df.iterrows()))
