@@ -6,6 +6,7 @@ Timings are only taken in cuda mode; the interpreter has no clock worth reading.
 from __future__ import annotations
 
 import datetime
+import importlib
 import json
 import os
 import platform
@@ -19,7 +20,7 @@ import triton.language as tl
 
 from . import api, roofline
 from .config import PAGE_SIZE
-from .device import ceilings, info, mode
+from .device import VERSIONED, ceilings, info, mode
 from .registry import impl_info, registered
 
 
@@ -352,7 +353,7 @@ def environment() -> dict:
     from .kernels.decode import planning
     d = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
          "device": info().as_dict(), "python": platform.python_version(),
-         "torch": torch.__version__, "triton": triton.__version__,
+         **{name: importlib.import_module(name).__version__ for name in VERSIONED},
          "tile_table": planning.table_dict(),
          "launches": {f"{i.name} B={B}": i.launch(B, 64, 512).as_dict() for i in registered(tag="recorded")
                       if i.launch is not None for B in (1, 32)} if mode() != "compile" else None}

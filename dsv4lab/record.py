@@ -19,7 +19,7 @@ import torch
 
 from . import api, bench, checks, reference, sweeps
 from .config import PAGE_SIZE
-from .device import ceilings, mode
+from .device import VERSIONED, ceilings, mode
 from .kernels.decode import planning
 from .registry import registered
 from .stages import stage
@@ -177,7 +177,7 @@ def write_manifest(folder, part: str, payload: dict, command: str, file: str | N
     path = Path(folder) / "manifest.json"
     man = json.loads(path.read_text()) if path.exists() else {}
     man[part] = {"file": file or f"{part}.json", "date": payload.get("date"), "device": payload.get("device", {}).get("name"),
-                 "torch": payload.get("torch"), "triton": payload.get("triton"), "command": command,
+                 **{name: payload.get(name) for name in VERSIONED}, "command": command,
                  "read_by": PART_READERS.get(part, [])}
     path.write_text(json.dumps(dict(sorted(man.items())), indent=1) + "\n")
 

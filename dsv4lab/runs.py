@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .device import VERSIONED
 from .errors import OneLine
 
 _DATA = [Path(__file__).resolve().parent.parent / "data"]
@@ -247,10 +248,6 @@ def ceilings(run: str = "h200"):
     from .device import Ceilings
     c = load("device", run)["ceilings"]
     return Ceilings(c["copy_tb_s"], c["bf16_tflops"], c.get("how", ""), c.get("fp32_tflops"))
-
-
-#: the packages whose versions every recorded run stamps beside its device (bench.environment)
-VERSIONED = ("torch", "triton")
 
 
 def versions(env: dict) -> str:
