@@ -126,7 +126,7 @@ def test_indexer_reference_entry_points(dev):
     assert (top[1, :10] >= 0).all() and (top[1, 10:] == -1).all()
 
 
-@pytest.mark.parametrize("impl", ["torch_fp32", "torch_bf16", "triton", "reference"])
+@pytest.mark.parametrize("impl", runnable_impls("indexer_logits"))
 def test_indexer_bad_live_page_every_impl(impl, dev):
     """A live page id outside the cache: sync names it; device mode ends the request before it, flagged."""
     q, ic, w, seq, pt = _indexer(dev)
