@@ -46,7 +46,7 @@ def run_decode(impls=None, batches=BATCHES, H=64, K=512, context=8192, page_size
                         if k in ("impl", "B", "eager_us", "back_to_back_us", "graph_us", "graph_layer_us", "tflops",
                                  "speedup_vs_baseline", "speedup_vs_baseline_layer", "error")})
     (base,) = registered("sparse_decode", tag="baseline")
-    return bench.decode_table(impls or [i.name for i in registered(tag="recorded")], batches, H=H, K=K,
+    return bench.decode_table(impls or checks.recorded(), batches, H=H, K=K,
                               context=context, page_size=page_size, baseline=base.name, log=log, layers=layers)
 
 

@@ -250,8 +250,8 @@ def story_vs_lab_table(run: str = runs.REPLAY_RUN, kernel_run: str = runs.KERNEL
     beside the lab's own figure on its recorded devices: the campaign replay (``runs.replay(run)``) and
     the recorded decode, indexer and check runs of ``kernel_run`` (each row names the device it was
     measured on). Columns: group, figure, story, lab, "lab: measured as",
-    "why they differ", "beyond the story" (the lab's Hopper kernel, the registry's tag "beyond_story",
-    where it has a figure), and the change each side reports as one factor (story x, lab x: > 1 is faster) where the
+    "why they differ", "beyond the story" (the lab's Hopper kernel, tag "beyond_story", where it has a
+    figure), and the change each side reports as one factor (story x, lab x: > 1 is faster) where the
     figure is a change. The story's numbers are never mixed into the lab's."""
     import pandas as pd
 
@@ -469,8 +469,7 @@ def _lab_tensor_core() -> list[str]:
 
 #: the recorded run of the Hopper kernel the tables read (experiments/hopper_decode)
 HOPPER_RUN = "h200_run5"
-#: old impl name -> today's: runs recorded before the dispatcher (kernels/decode/auto.py) took its name gave it
-#: to split-K
+#: recorded impl name -> today's: before the dispatcher (kernels/decode/auto.py) took the name, split-K had it
 _RENAMED = {"auto": "splitk_auto"}
 
 
