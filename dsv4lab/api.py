@@ -51,7 +51,7 @@ def sparse_decode(q, cache, indices, *, topk_len=None, sm_scale=None, attn_sink=
 
 
 def indexer_logits(q, index_cache, weights, seq_lens, page_table, *, max_seq_len: int,
-                   impl: str = "reference", checks: str | None = None):
+                   impl: str = "reference", checks: str | None = None, check_ranges: bool | None = None):
     """Lightning-indexer logits float32 [B, max_seq_len] (-inf past each seq_len).
 
     q [B, H_i, 128] (bf16/fp16/fp32/fp8), weights [B, H_i] float, seq_lens [B] int32, page_table
@@ -62,26 +62,28 @@ def indexer_logits(q, index_cache, weights, seq_lens, page_table, *, max_seq_len
     at that page (its positions from there on are -inf), each flagged for ``dsv4lab.check_errors()``,
     as are non-finite q or weights (the logits are what the arithmetic gives: NaN or inf). ``checks="sync"``
     refuses all of these before launching, naming the value (and live pages holding bytes the packer
-    never writes).
+    never writes). ``check_ranges=``, the decode's older spelling of ``checks=``, is refused here too.
     """
+    refuse_check_ranges(check_ranges)
     entry = impl_info("indexer_logits", impl)
     L = check_indexer_args(q, index_cache, weights, seq_lens, page_table, max_seq_len, checks_mode(checks))
     return entry.fn(q, index_cache, weights, seq_lens, page_table, max_seq_len=L)
 
 
 def indexer_topk(q, index_cache, weights, seq_lens, page_table, *, max_seq_len: int, topk: int = 512,
-                 impl: str = "reference", checks: str | None = None):
+                 impl: str = "reference", checks: str | None = None, check_ranges: bool | None = None):
     """Top-k token positions int32 [B, topk] of the indexer logits, -1 padded (a row has fewer
     than ``topk`` positions < seq_len); arguments and ``checks`` as :func:`indexer_logits`, topk a
     positive int of at most max(max_seq_len, 2048). A live logit that came out NaN or inf (non-finite
     q or weights, an overflow) is flagged by every impl: NaN and +inf rank first, -inf is never chosen,
     so that row's positions are not an answer. The positions are a set for the sparse decode; their
-    order is the impl's: descending logit for the torch paths and the reference, ascending position for impl="triton"
-    (whose ties at the k-th value go to the lower position: ``reference.topk_positions`` is its
-    exact contract). An impl with ``Impl.prepare`` (impl="triton") keeps what a call's checks and
+    order is the impl's: descending logit for the torch paths and the reference, ascending position for the
+    Triton indexer (whose ties at the k-th value go to the lower position: ``reference.topk_positions`` is
+    its exact contract). An impl with ``Impl.prepare`` (the Triton indexer) keeps what a call's checks and
     launch planning decided under its argument signature (shapes, strides, dtypes, devices, the
     cache object, max_seq_len, topk): an eager loop's later calls of that signature go straight to
     the launches."""
+    refuse_check_ranges(check_ranges)
     known = _known("indexer_topk", impl)
     key = (_signature(impl, checks, q, index_cache, weights, seq_lens, page_table, max_seq_len, topk)
            if known is not None and known.prepare is not None else None)

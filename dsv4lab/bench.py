@@ -6,6 +6,7 @@ Timings are only taken in cuda mode; the interpreter has no clock worth reading.
 from __future__ import annotations
 
 import datetime
+import importlib
 import json
 import os
 import platform
@@ -19,7 +20,7 @@ import triton.language as tl
 
 from . import api, roofline
 from .config import PAGE_SIZE
-from .device import ceilings, info, mode
+from .device import VERSIONED, ceilings, info, mode
 from .registry import impl_info, registered
 
 
@@ -289,7 +290,7 @@ def measure_decode(impls, batches, shapes=None, layers=None) -> pd.DataFrame:
     from .config import shapes as _shapes
     s = shapes or _shapes()
     rows = decode_table(impls, batches, H=s.heads, K=s.topk, context=s.context, page_size=s.page_size,
-                              baseline=impls[0], layers=LAYERS if layers is None else layers)
+                        baseline=impls[0], layers=LAYERS if layers is None else layers)
     return pd.DataFrame(rows)
 
 
@@ -352,16 +353,17 @@ def environment() -> dict:
     from .kernels.decode import planning
     d = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
          "device": info().as_dict(), "python": platform.python_version(),
-         "torch": torch.__version__, "triton": triton.__version__,
+         **{name: importlib.import_module(name).__version__ for name in VERSIONED},
          "tile_table": planning.table_dict(),
          "launches": {f"{i.name} B={B}": i.launch(B, 64, 512).as_dict() for i in registered(tag="recorded")
                       if i.launch is not None for B in (1, 32)} if mode() != "compile" else None}
+    from .kernels.decode import sglang_peer
     try:
-        from .kernels.decode import sglang_peer
         sglang_peer.sglang_file()
-        d["sglang"] = sglang_peer.SGLANG_VERSION
+        sglang = sglang_peer.SGLANG_VERSION
     except ImportError:
-        d["sglang"] = None
+        sglang = None                       # no wheel: its kernel does not run here
+    d["sglang"] = sglang
     return d
 
 

@@ -31,6 +31,7 @@ from dataclasses import fields
 from . import profile, runs
 from .config import HEAD_DIM, TOKEN_BYTES
 from .device import KNOWN_DEVICES
+from .registry import impl_info
 
 STORY_GPU = "NVIDIA RTX PRO 6000 Blackwell"
 #: whose datasheet figures stand in for a device without any (a CPU run)
@@ -139,17 +140,18 @@ def plausible_mixes(layers: int) -> list[dict]:
 def _bound_evidence(row: dict, impl: str, B: int, H: int, valid: int, ceilings: dict) -> dict:
     """How far a measured call is from this device's ceilings: the SMs its programs fill, its bytes
     (each live token's 584 bytes once) against the copy ceiling, its arithmetic (the loop's products
-    over every walked entry: CUDA-core FP32 for SGLang's kernel, tensor-core bf16 for the others)."""
+    over every walked entry: tensor-core bf16 for an impl tagged "tensor_core", else CUDA-core FP32)."""
+    tensor_core = "tensor_core" in impl_info("sparse_decode", impl).tags
     us = row["graph_us"]
     walked = (row.get("tiles") or 0) * (row.get("tile") or 0)
     flops = 4 * B * H * walked * HEAD_DIM
     out = dict(dram_share_pct=None, math_share_pct=None)
     if ceilings.get("copy_tb_s"):
         out["dram_share_pct"] = 100 * B * valid * TOKEN_BYTES / (us * 1e-6) / (ceilings["copy_tb_s"] * 1e12)
-    ceil = ceilings.get("fp32_tflops") if impl == "sglang" else ceilings.get("bf16_tflops")
+    ceil = ceilings.get("bf16_tflops") if tensor_core else ceilings.get("fp32_tflops")
     if ceil and walked:
         out["math_share_pct"] = 100 * flops / (us * 1e-6) / (ceil * 1e12)
-    out["math_unit"] = "CUDA-core FP32" if impl == "sglang" else "tensor-core bf16"
+    out["math_unit"] = "tensor-core bf16" if tensor_core else "CUDA-core FP32"
     return out
 
 

@@ -34,7 +34,7 @@ CHECK_CASES = [
 
 def against_reference(impls=None, cases=CHECK_CASES, log=print) -> list[dict]:
     """Every recorded impl (or ``impls``) against the float64 reference on each case; a tensor-core impl
-    (tag "tensor_core") also against the lab's SIMT kernel (tag "simt"), within the story's bound."""
+    (tag "tensor_core") also against the lab's SIMT kernel (tagged as such), within the story's bound."""
     (simt,) = registered(tag="simt")
     rows = []
     for case in cases:

@@ -17,6 +17,9 @@ import torch
 
 from .errors import OneLine
 
+#: the packages whose versions a recorded run stamps beside its device (bench.environment; runs.versions)
+VERSIONED = ("torch", "triton")
+
 #: Interpreter traps seen with triton 3.6-3.9 and what the lab does about each.
 INTERPRETER_TRAPS = {
     "bf16 tl.dot": "numpy multiplies the raw uint16 bits -> garbage; kernels take a "

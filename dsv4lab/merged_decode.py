@@ -11,8 +11,9 @@ log-sum-exp, then applies the attention sink::
     sink: lse' = logaddexp(lse, sink[h]),  out' = out * exp(lse - lse')
 
 :func:`flash_mla_sparse_decode` takes SGLang's arguments in SGLang's order and does exactly that,
-with ``impl=`` choosing the per-cache kernel (any ``dsv4lab.impls()`` name). ``impl="sglang"``
-calls SGLang's own function from its wheel, so the two can be compared on the same inputs.
+with ``impl=`` choosing the per-cache kernel (any ``dsv4lab.impls()`` name). SGLang's kernel (the
+registry's tag "peer") calls SGLang's own function from its wheel, so the two can be compared on the
+same inputs.
 """
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ def flash_mla_sparse_decode(q, k_cache, indices, topk_length, attn_sink, head_di
     B = 0 gives empty outputs (SGLang's own function cannot take an empty batch). ``checks`` as in
     :func:`dsv4lab.sparse_decode` ("device", the default: no host sync; "sync": the data checked
     on the host, naming the offending value; ``check_ranges=``, its older spelling, is refused).
-    The lab's impls merge and apply the sink in float32 and round once; ``impl="sglang"``
+    The lab's impls merge and apply the sink in float32 and round once; SGLang's (tag "peer")
     rounds as SGLang does (after each cache, the merge and the sink).
     """
     q3 = _query(q)
@@ -114,7 +115,7 @@ def flash_mla_sparse_decode(q, k_cache, indices, topk_length, attn_sink, head_di
     if B == 0:
         out = torch.zeros(0, H, HEAD_DIM, dtype=torch.bfloat16, device=q3.device)
         lse = torch.zeros(0, H, dtype=torch.float32, device=q3.device)
-    elif impl == "sglang":
+    elif "peer" in entry.tags:
         out, lse = _sglang(q3, parts, attn_sink, scale)
     else:
         runs = [fn(q3, cache, idx, topk_len=tlen, sm_scale=scale, attn_sink=None) for cache, idx, tlen, _ in parts]

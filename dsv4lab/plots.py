@@ -10,6 +10,8 @@ import pandas as pd
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import NullFormatter
 
+from .registry import registered
+
 
 def _ceil(c, key):
     return c[key] if isinstance(c, dict) else getattr(c, key)
@@ -251,16 +253,23 @@ def _with_floor(ax, d, x, floor_label, xlabel, ylabel):
     return ax
 
 
+def _live_pages_only() -> set:
+    """The indexer impls that read only each request's live pages (their lines solid), not every page up to
+    the max context (dotted): the registry's reads_dead_pages."""
+    return {i.name for i in registered("indexer_logits") if not i.reads_dead_pages}
+
+
 def indexer_step_vs_max(ax, df, col="graph_us"):
     """The whole indexer step (logits + top-k) against the max context, one line per impl (log-log),
     from rows kind="step_vs_max" (experiments/indexer_topk); the Triton step's byte floor (its live
     bytes at the copy ceiling) dashed: a step that pays for the live context stays flat."""
     d = df[df["kind"] == "step_vs_max"].dropna(subset=[col])
+    solid = _live_pages_only()
     for impl, g in d.groupby("impl"):
         g = g.sort_values("max_seq_len")
-        ax.loglog(g["max_seq_len"], g[col], "o-" if impl == "triton" else "s:", label=impl)
+        ax.loglog(g["max_seq_len"], g[col], "o-" if impl in solid else "s:", label=impl)
     live = ", ".join(str(int(x)) for x in sorted(d["live"].unique()))
-    return _with_floor(ax, d[d["impl"] == "triton"], "max_seq_len", "floor: the live bytes at the copy ceiling",
+    return _with_floor(ax, d[d["impl"].isin(solid)], "max_seq_len", "floor: the live bytes at the copy ceiling",
                        f"max context (tokens; {live} live a request)", "logits + top-k, us per step (graph replay)")
 
 
@@ -281,10 +290,11 @@ def indexer_logits_vs_max(ax, df, impls, B=32, col="graph_us"):
     """Indexer logits time against the max context at batch ``B``, one line per impl (log-log), from
     rows kind="time" (data/runs/*/indexer.json), with the floor of the live context's bytes dashed."""
     d = df[(df["kind"] == "time") & (df["B"] == B)].dropna(subset=[col])
+    solid = _live_pages_only()
     for impl in impls:
         g = d[d["impl"] == impl].sort_values("max_seq_len")
         if len(g):
-            ax.loglog(g["max_seq_len"], g[col], "o-" if impl == "triton" else "s:", label=impl)
+            ax.loglog(g["max_seq_len"], g[col], "o-" if impl in solid else "s:", label=impl)
     live = ", ".join(str(int(x)) for x in sorted(d["live"].dropna().unique()))
     return _with_floor(ax, d[d["impl"] == impls[0]], "max_seq_len", "floor: live keys read, logits rows written",
                        f"max context (tokens; {live} live a request)", "logits, us per call (graph replay)")

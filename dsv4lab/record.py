@@ -19,7 +19,7 @@ import torch
 
 from . import api, bench, checks, reference, sweeps
 from .config import PAGE_SIZE
-from .device import ceilings, mode
+from .device import VERSIONED, ceilings, mode
 from .kernels.decode import planning
 from .registry import registered
 from .stages import stage
@@ -46,7 +46,7 @@ def run_decode(impls=None, batches=BATCHES, H=64, K=512, context=8192, page_size
                         if k in ("impl", "B", "eager_us", "back_to_back_us", "graph_us", "graph_layer_us", "tflops",
                                  "speedup_vs_baseline", "speedup_vs_baseline_layer", "error")})
     (base,) = registered("sparse_decode", tag="baseline")
-    return bench.decode_table(impls or [i.name for i in registered(tag="recorded")], batches, H=H, K=K,
+    return bench.decode_table(impls or checks.recorded(), batches, H=H, K=K,
                               context=context, page_size=page_size, baseline=base.name, log=log, layers=layers)
 
 
@@ -54,8 +54,8 @@ _SWEPT: dict = {}
 
 
 def run_tiles(batches=(1, 8, 32, 128)) -> list[dict]:
-    """The tile sweep; the fastest checked config at the largest B becomes this device's "mma"
-    entry for the rest of the run."""
+    """The tile sweep; the fastest checked config at the largest B becomes this device's whole-row
+    entry of the tile table for the rest of the run."""
     rows = sweeps.tile_sweep(batches=batches, log=_log)
     ok = [r for r in rows if "error" not in r and r["out_err"] <= checks.OUT_TOL and r["lse_err"] <= checks.LSE_TOL]
     best = min(ok, key=lambda r: r[f"us_B{max(batches)}"])
@@ -177,7 +177,7 @@ def write_manifest(folder, part: str, payload: dict, command: str, file: str | N
     path = Path(folder) / "manifest.json"
     man = json.loads(path.read_text()) if path.exists() else {}
     man[part] = {"file": file or f"{part}.json", "date": payload.get("date"), "device": payload.get("device", {}).get("name"),
-                 "torch": payload.get("torch"), "triton": payload.get("triton"), "command": command,
+                 **{name: payload.get(name) for name in VERSIONED}, "command": command,
                  "read_by": PART_READERS.get(part, [])}
     path.write_text(json.dumps(dict(sorted(man.items())), indent=1) + "\n")
 

@@ -105,8 +105,8 @@ def topk_indices(logits, k: int):
 def topk_positions(logits, k: int):
     """The k largest logits per row that are not -inf, as positions in ascending order, ties at
     the k-th value going to the lower positions, a NaN above every number (as torch.topk); -1
-    after them when a row has fewer than k such logits. int32 [B, k]. The exact contract of
-    ``indexer_topk(impl="triton")`` (kernels/topk.py), by a stable sort in float64 (which puts NaN
+    after them when a row has fewer than k such logits. int32 [B, k]. The exact contract of the
+    Triton indexer's top-k (kernels/indexer/topk.py), by a stable sort in float64 (which puts NaN
     first when descending)."""
     B, L = logits.shape
     x = logits.double().cpu()

@@ -26,10 +26,15 @@ OPS = ("sparse_decode", "indexer_logits", "indexer_topk")
 TAGS = {
     "recorded": "timed and checked by the recorded GPU run (python -m dsv4lab record); bench's default set",
     "baseline": "the campaign's starting kernel: the recorded speedups are over it",
-    "tensor_core": "multiplies on tensor cores in bf16: the checks also hold it to the story's bound against SIMT",
+    "tensor_core": "multiplies on tensor cores in bf16: the checks also hold it to the story's bound against SIMT; "
+                   "the bridge sets its math against the bf16 ceiling (else CUDA-core FP32)",
     "simt": "the lab's SIMT decode: what the tensor-core kernels are checked against (the story's bound)",
     "exact": "indexer: q . k exact in fp32, judged by the tight logits bound (testing.INDEXER_TOL)",
-    "dispatcher": "runs another impl per shape (Impl.dispatch)",
+    "dispatcher": "runs another impl per shape (Impl.dispatch): the SGLang integration's decode",
+    "peer": "SGLang's own code, run from its wheel (tagged by register where needs names the wheel): run as "
+            "SGLang runs it (merged_decode calls SGLang's whole two-cache function for it)",
+    "beyond_story": "the lab's kernel past the story's campaign (no stage): the story-vs-lab table's "
+                    "'beyond the story' figures",
     "whole_row": "decode: one program a (request, head block) walks the whole top-k row, no split; notebook 01 "
                  "compares these launches by heads per program",
 }
@@ -94,7 +99,8 @@ def register(op: str, name: str, *, tags=(), **props):
         else:
             guarded = guards.indexer_entry(fn, op=op, dead_pages=props.get("reads_dead_pages", False),
                                            guarded=props.get("guards_inputs", False))
-        tagged = set(tags) | ({"dispatcher"} if props.get("dispatch") else set())
+        tagged = (set(tags) | ({"dispatcher"} if props.get("dispatch") else set())
+                  | ({"peer"} if "sglang" in props.get("needs", ()) else set()))
         _IMPLS[op][name] = Impl(op, name, guarded, tags=frozenset(tagged), **props)
         return fn
     return deco

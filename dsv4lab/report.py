@@ -12,11 +12,17 @@ from pathlib import Path
 
 from . import runs
 from .registry import registered
-from .stages import stage
+from .stages import STORY_STEPS, stage
 
 
 def _fmt(v, digits=1):
     return "-" if v is None or v != v else f"{v:.{digits}f}"
+
+
+def _markdown(head, rows) -> str:
+    """A markdown table: the header cells, the rule, one line per row of cells (text)."""
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+                     + ["| " + " | ".join(cells) + " |" for cells in rows])
 
 
 def run_line(part: str = "decode", run: str = "h200") -> str:
@@ -25,8 +31,8 @@ def run_line(part: str = "decode", run: str = "h200") -> str:
     dev = d["device"]
     c = d.get("ceilings") or runs.load("device", run).get("ceilings", {})
     ceil = f"; measured ceilings {c['copy_tb_s']:.2f} TB/s copy, {c['bf16_tflops']:.0f} TFLOP/s bf16 matmul" if c else ""
-    return (f"Run {d['date'][:16]}Z (device clock) on one {dev['name']} ({dev['sm_count']} SMs; torch {d['torch']}, "
-            f"triton {d['triton']}{ceil}).")
+    return (f"Run {d['date'][:16]}Z (device clock) on one {dev['name']} ({dev['sm_count']} SMs; "
+            f"{runs.versions(d)}{ceil}).")
 
 
 def decode_run_table(run: str = "h200") -> str:
@@ -45,12 +51,12 @@ def decode_run_table(run: str = "h200") -> str:
     head = ["B", *impls, f"{lead} vs {base}"]
     has_layer = layer is not None and lead in layer
     if has_layer:
-        head += [f"{lead}, 8-call graph", "vs sglang, same"]
+        head += [f"{lead}, 8-call graph", f"vs {base}, same"]
     eager = (df[df.impl == lead].groupby("B")["back_to_back_us"].median()
              if "back_to_back_us" in df and df.loc[df.impl == lead, "back_to_back_us"].notna().any() else None)
     if eager is not None:
         head += [f"{lead}, eager back to back"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for B, r in t.iterrows():
         cells = [str(int(B)), *(_fmt(r.get(i)) for i in impls)]
         cells.append(f"{r[base] / r[lead]:.0f}x" if {base, lead} <= set(r.index) else "-")
@@ -59,8 +65,8 @@ def decode_run_table(run: str = "h200") -> str:
             cells += [_fmt(lr.get(lead)), f"{lr[base] / lr[lead]:.0f}x" if base in lr else "-"]
         if eager is not None:
             cells.append(_fmt(eager.get(B)))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append(cells)
+    return _markdown(head, rows)
 
 
 def indexer_table(run: str = "h200") -> str:
@@ -70,10 +76,8 @@ def indexer_table(run: str = "h200") -> str:
     t = tm.pivot_table(index="max_seq_len", columns="impl", values="graph_us")
     recorded = [i.name for i in registered("indexer_logits", tag="recorded")]
     cols = [c for c in recorded if c in t] + [c for c in t.columns if c not in recorded]
-    lines = ["| max context | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
-    for L, r in t.iterrows():
-        lines.append(f"| {int(L)} | " + " | ".join(_fmt(r[c]) for c in cols) + " |")
-    return "\n".join(lines)
+    rows = ([str(int(L)), *(_fmt(r[c]) for c in cols)] for L, r in t.iterrows())
+    return _markdown(["max context", *cols], rows)
 
 
 def indexer_step_targets(run: str = "h200") -> str:
@@ -81,22 +85,17 @@ def indexer_step_targets(run: str = "h200") -> str:
     its provenance and every target it was measured against."""
     d = runs.load("indexer_step", run)
     dev = d["device"]
-    lines = [f"Run {d['date'][:16]}Z on one {dev['name']} (torch {d['torch']}, triton {d['triton']}), "
-             f"`data/runs/{run}/indexer_step.json`:", "",
-             "| B = 32, 8192 live tokens a request unless said | measured | target | met |", "|---|---|---|---|"]
-    for r in d["rows"]:
-        if r["kind"] == "target":
-            value = "-" if r.get("value") is None else f"{r['value']:.4g}"
-            lines.append(f"| {r['metric']} | {value} | {r['cmp']} {r['target']:g} | "
-                         f"{'yes' if r['meets'] else '**no**'} |")
-    return "\n".join(lines)
+    rows = [[r["metric"], "-" if r.get("value") is None else f"{r['value']:.4g}", f"{r['cmp']} {r['target']:g}",
+             "yes" if r["meets"] else "**no**"] for r in d["rows"] if r["kind"] == "target"]
+    return (f"Run {d['date'][:16]}Z on one {dev['name']} ({runs.versions(d)}), `data/runs/{run}/indexer_step.json`:"
+            "\n\n" + _markdown(["B = 32, 8192 live tokens a request unless said", "measured", "target", "met"], rows))
 
 
 def replay_run_line(run: str = runs.REPLAY_RUN) -> str:
     """What the recorded replay ran: date, device, versions, the model's share and layer mix."""
     d = runs.replay(run)
     env, cfg = d["environment"], d["config"]
-    return (f"Run {env['date'][:16]}Z on one {env['device']['name']} (torch {env['torch']}, triton {env['triton']}): "
+    return (f"Run {env['date'][:16]}Z on one {env['device']['name']} ({runs.versions(env)}): "
             f"{cfg['name']}, {cfg['layers_window']} window-only + {cfg['layers_c4']} ratio-4 + {cfg['layers_c128']} "
             f"ratio-128 layers, {cfg['live_context']} live tokens a request, max context {cfg['max_context']}; "
             f"each step one CUDA graph per C, {d['elapsed_s']:.0f} s in all.")
@@ -110,13 +109,11 @@ def replay_throughput_table(run: str = runs.REPLAY_RUN) -> str:
     fits = {f["stage"]: f for f in d["fits"]}
     t = tp.pivot_table(index="stage", columns="C", values="tok_s", sort=False)
     cs = list(t.columns)
-    lines = ["| stage | " + " | ".join(f"tok/s C={c}" for c in cs) + " | marginal ms per request | asymptote tok/s |",
-             "|---|" + "---|" * (len(cs) + 2)]
+    rows = []
     for stage, r in t.iterrows():
         f = fits.get(stage, {})
-        lines.append(f"| {stage} | " + " | ".join(_fmt(r[c]) for c in cs)
-                     + f" | {_fmt(f.get('b_ms'), 2)} | {_fmt(f.get('asymptote_tok_s'), 0)} |")
-    return "\n".join(lines)
+        rows.append([stage, *(_fmt(r[c]) for c in cs), _fmt(f.get("b_ms"), 2), _fmt(f.get("asymptote_tok_s"), 0)])
+    return _markdown(["stage", *(f"tok/s C={c}" for c in cs), "marginal ms per request", "asymptote tok/s"], rows)
 
 
 def replay_devices_table(C=(1, 32, 64)) -> str:
@@ -130,25 +127,21 @@ def replay_devices_table(C=(1, 32, 64)) -> str:
     for run in names:
         d = runs.replay(run)
         env = d["environment"]
-        lines.append(f"- `{run}`: {env['device']['name']}, {env['date'][:16]}Z, torch {env['torch']}, "
-                     f"triton {env['triton']}, {d['elapsed_s']:.0f} s")
+        lines.append(f"- `{run}`: {env['device']['name']}, {env['date'][:16]}Z, {runs.versions(env)}, "
+                     f"{d['elapsed_s']:.0f} s")
         tp = pd.DataFrame(d.get("tables", {}).get("throughput", []), columns=["stage", "C", "tok_s"])
         tok[run] = tp.pivot_table(index="stage", columns="C", values="tok_s", sort=False)
         stages += [st for st in tok[run].index if st not in stages]
-    lines += ["", "| stage | " + " | ".join(f"tok/s C={c} {run}" for c in C for run in names) + " |",
-              "|---|" + "---|" * (len(C) * len(names))]
-    for stage in stages:
-        cells = [_fmt(tok[run].loc[stage, c]) if stage in tok[run].index and c in tok[run].columns else "-"
-                 for c in C for run in names]
-        lines.append(f"| {stage} | " + " | ".join(cells) + " |")
+    rows = [[stage, *(_fmt(tok[run].loc[stage, c]) if stage in tok[run].index and c in tok[run].columns else "-"
+                      for c in C for run in names)] for stage in stages]
+    lines += ["", _markdown(["stage", *(f"tok/s C={c} {run}" for c in C for run in names)], rows)]
     titles = {run: {s["name"]: f"{s['decode_impl']}: {s['title']}" for s in runs.replay(run).get("stages_run", [])}
               for run in names}
     differ = [st for st in stages if len({titles[run].get(st) for run in names if st in titles[run]}) > 1]
     if differ:
+        rows = [[st, *(titles[run].get(st, "-").replace("|", "\\|") for run in names)] for st in differ]
         lines += ["", "The records define these stages differently (decode impl: the stage as each run recorded it):",
-                  "", "| stage | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
-        lines += [f"| {st} | " + " | ".join(titles[run].get(st, "-").replace("|", "\\|") for run in names) + " |"
-                  for st in differ]
+                  "", _markdown(["stage", *names], rows)]
     return "\n".join(lines)
 
 
@@ -156,27 +149,18 @@ def replay_shift_table(run: str = runs.REPLAY_RUN, before: str = "S0", after: st
     """The story's table, measured: kernel time by category before and after the MMA kernel at C = 32,
     beside the story's published shares."""
     d = runs.replay(run)["tables"]
+    from .profile import STORY_CATEGORY
     rows = next(t["rows"] for t in d["transitions"] if t["before"] == before and t["after"] == after)
     story = runs.campaign("story_profile").set_index("kernel")
-    key = {"sparse-MLA decode": "sparse-MLA decode", "FP32 SIMT GEMM": "FP32 SIMT GEMM",
-           "elementwise/copy/reduce glue": "elementwise/copy/reduce glue", "MoE GEMM": "FP4 MoE GEMM",
-           "total kernel time": "total GPU kernel time"}
+    names = {**STORY_CATEGORY, "total kernel time": "total GPU kernel time"}    # the story's row prefixes
 
     def story_of(cat):
-        for k, v in key.items():
-            if cat.startswith(k):
-                hit = [i for i in story.index if i.startswith(v)]
-                if hit:
-                    r = story.loc[hit[0]]
-                    return f"{r.before_share_pct:g}% -> {r.after_share_pct:g}%"
-        return ""
-    lines = [f"| kernel category | {before} ms | {before} % | {after} ms | {after} % | speedup | the story (% of kernel time) |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        cat = r["kernel category"]
-        lines.append(f"| {cat} | {_fmt(r[f'{before} ms'])} | {_fmt(r[f'{before} %'])} | {_fmt(r[f'{after} ms'])} | "
-                     f"{_fmt(r[f'{after} %'])} | {_fmt(r['speedup'], 2)}x | {story_of(cat)} |")
-    return "\n".join(lines)
+        r = next((story.loc[i] for i in story.index if cat in names and i.startswith(names[cat])), None)
+        return "" if r is None else f"{r.before_share_pct:g}% -> {r.after_share_pct:g}%"
+    cols = [f"{before} ms", f"{before} %", f"{after} ms", f"{after} %"]
+    return _markdown(["kernel category", *cols, "speedup", "the story (% of kernel time)"],
+                     ([r["kernel category"], *(_fmt(r[c]) for c in cols), f"{_fmt(r['speedup'], 2)}x",
+                       story_of(r["kernel category"])] for r in rows))
 
 
 def bad_input_table() -> str:
@@ -266,7 +250,7 @@ def story_vs_lab_table(run: str = runs.REPLAY_RUN, kernel_run: str = runs.KERNEL
     beside the lab's own figure on its recorded devices: the campaign replay (``runs.replay(run)``) and
     the recorded decode, indexer and check runs of ``kernel_run`` (each row names the device it was
     measured on). Columns: group, figure, story, lab, "lab: measured as",
-    "why they differ", "beyond the story" (the lab's Hopper kernel, impl "hopper", where it has a
+    "why they differ", "beyond the story" (the lab's Hopper kernel, tag "beyond_story", where it has a
     figure), and the change each side reports as one factor (story x, lab x: > 1 is faster) where the
     figure is a change. The story's numbers are never mixed into the lab's."""
     import pandas as pd
@@ -312,11 +296,12 @@ def story_vs_lab_table(run: str = runs.REPLAY_RUN, kernel_run: str = runs.KERNEL
     d = story_row("sparse-MLA")
     iso = isolated_per_step(rep)
     i32 = iso[iso.B == B].set_index(["impl", "kind"])
-    wide = ("ratio 128" if ("sglang", "ratio 128") in i32.index else None)
+    base, story_k = registered(tag="baseline")[0].name, stage("S1").decode_impl
+    wide = ("ratio 128" if (base, "ratio 128") in i32.index else None)
     dec = (R.ms("S0", profile.DECODE), R.ms("S1", profile.DECODE))
     why = window
     if wide:
-        c128 = i32.loc[("sglang", wide)]
+        c128 = i32.loc[(base, wide)]
         why += (f"; on the ratio-128 layers both kernels walk every entry of an index row {int(c128.entries)} wide "
                 f"({int(c128.valid)} valid), as SGLang's loop does")
     why += _bridge_why(rep)
@@ -329,28 +314,30 @@ def story_vs_lab_table(run: str = runs.REPLAY_RUN, kernel_run: str = runs.KERNEL
     here_k = f"one {kdev['name']} ({kdev['sm_count']} SMs)"
     dt = runs.table("decode", kernel_run)
     t = dt.pivot_table(index="B", columns="impl", values="graph_us")
-    story_alone = i32.loc[("mma_story", "ratio 4")].us_per_call if ("mma_story", "ratio 4") in i32.index else None
-    sg_alone = i32.loc[("sglang", "ratio 4")].us_per_call if ("sglang", "ratio 4") in i32.index else None
-    lab_alone = (f"{kdev['name'].removeprefix('NVIDIA ')}: SGLang's kernel {t.loc[B, 'sglang']:.0f} us per call; the lab's mma {t.loc[B, 'mma']:.1f} "
-                 f"({t.loc[B, 'sglang'] / t.loc[B, 'mma']:.0f}x), splitk_auto {t.loc[B, 'splitk_auto']:.1f} "
-                 f"({t.loc[B, 'sglang'] / t.loc[B, 'splitk_auto']:.0f}x)")
+    tuned, split = stage("S1best").decode_impl, stage("S2").decode_impl
+    story_alone = i32.loc[(story_k, "ratio 4")].us_per_call if (story_k, "ratio 4") in i32.index else None
+    sg_alone = i32.loc[(base, "ratio 4")].us_per_call if (base, "ratio 4") in i32.index else None
+    lab_alone = (f"{kdev['name'].removeprefix('NVIDIA ')}: SGLang's kernel {t.loc[B, base]:.0f} us per call; the lab's {tuned} {t.loc[B, tuned]:.1f} "
+                 f"({t.loc[B, base] / t.loc[B, tuned]:.0f}x), {split} {t.loc[B, split]:.1f} "
+                 f"({t.loc[B, base] / t.loc[B, split]:.0f}x)")
     if story_alone and sg_alone:
         lab_alone += (f"; {here}: the story's kernel {story_alone:.0f} us vs SGLang's {sg_alone:.0f} in the "
                       f"replay's ratio-4 call ({sg_alone / story_alone:.0f}x)")
     beyond = "-"
     if hop is not None and B in hop.index:
-        beyond = (f"hopper {hop.loc[B, 'hopper']:.1f} us at B = {B} vs splitk_auto {hop.loc[B, 'splitk_auto']:.1f} "
+        hopper = registered(tag="beyond_story")[0].name
+        beyond = (f"{hopper} {hop.loc[B, hopper]:.1f} us at B = {B} vs {split} {hop.loc[B, split]:.1f} "
                   f"(same run)")
         big = max(hop.index)
-        if "mma" in hop and big != B:
-            beyond += f"; B = {big}: {hop.loc[big, 'hopper']:.1f} vs mma {hop.loc[big, 'mma']:.1f} us"
+        if tuned in hop and big != B:
+            beyond += f"; B = {big}: {hop.loc[big, hopper]:.1f} vs {tuned} {hop.loc[big, tuned]:.1f} us"
     add(grp, f"sparse-MLA decode, the kernel alone (B = {B}, {cfg['index_topk']} valid entries)",
         f"not published (in the model: {d.before_ms / d.after_ms:.1f}x)", lab_alone,
         f"recorded decode run, one call per CUDA graph, B = {B}, on {here_k}; the replay's calls on {here}",
         f"the story measured its kernels inside its server only; here every kernel on the same rows; the story's "
         f"first MMA kernel (BLOCK_H {STORY_TILES.block_h}, no prefetch, no split) is not the "
         f"lab's tuned one",
-        None, _x(t.loc[B, "sglang"], t.loc[B, "splitk_auto"]), beyond)
+        None, _x(t.loc[B, base], t.loc[B, split]), beyond)
     for cat, extra in ((profile.DECODE, ""), (profile.FP32_GEMM, "; both: its ms unchanged, its share grew with "
                                                                   "the smaller total"),
                        (profile.GLUE, "; both: the indexer's fallback over the max context"), (profile.MOE, "")):
@@ -398,9 +385,10 @@ def story_vs_lab_table(run: str = runs.REPLAY_RUN, kernel_run: str = runs.KERNEL
     # -- the other published figures (story_facts) -----------------------------------------------------
     grp = "other published figures"
     ch = runs.table("checks", kernel_run)
-    tc = ch[ch.impl.isin(["mma", "splitk", "splitk_auto"])].vs_simt_err.dropna()
+    lab_tc = [i for i in _lab_tensor_core() if i in set(ch.impl)]
+    tc = ch[ch.impl.isin(lab_tc)].vs_simt_err.dropna()
     add(grp, "MMA vs SIMT kernel, relative error", runs.story_fact("MMA vs SIMT kernel rel. error"),
-        f"<= {tc.max():.1e} (mma, splitk, splitk_auto vs the lab's SIMT kernel, {tc.size} checks)",
+        f"<= {tc.max():.1e} ({', '.join(lab_tc)} vs the lab's SIMT kernel, {tc.size} checks)",
         f"recorded checks on {here_k}: fresh random inputs, odd sizes, padding, sinks",
         "story: its MMA kernel against SGLang's on its GPU; here the lab's tensor-core kernels against its SIMT "
         "kernel (both also checked against a float64 reference)",
@@ -422,9 +410,10 @@ def story_vs_lab_table(run: str = runs.REPLAY_RUN, kernel_run: str = runs.KERNEL
         f = gs["fit"]
         lab = (f"S0's glue = {f['glue_fixed_ms']:.1f} ms + {f['glue_per_ratio4_layer_ms']:.1f} ms per ratio-4 "
                f"layer (r2 {f['r2']:.3f}); ")
+    fallback, live_only = stage("S0").indexer_impl, stage("S4").indexer_impl
     if L in ix.index and live in ix.index:
-        lab += (f"the fallback alone at B = {B} on {here_k}: {ix.loc[L, 'torch_fp32'] / 1e3:.1f} ms at width {L} vs "
-                f"{ix.loc[live, 'torch_fp32'] / 1e3:.2f} ms at {live}; the Triton indexer {ix.loc[L, 'triton']:.1f} us")
+        lab += (f"the fallback alone at B = {B} on {here_k}: {ix.loc[L, fallback] / 1e3:.1f} ms at width {L} vs "
+                f"{ix.loc[live, fallback] / 1e3:.2f} ms at {live}; the Triton indexer {ix.loc[L, live_only]:.1f} us")
     add(grp, "root cause of the glue", runs.story_fact("root cause of glue"), lab,
         "the replay's S0 with 0..21 ratio-4 layers (C = 32); the recorded indexer run (graph replay)",
         "the same fallback and width (the lab's config follows SGLang's max context); the story found it in its "
@@ -473,40 +462,45 @@ def _c1_why(rep: dict) -> str:
             f"published: a residue of {res:.2f}")
 
 
+def _lab_tensor_core() -> list[str]:
+    """The lab's own tensor-core decode kernels (tag "tensor_core" and a stage the story did not take)."""
+    return [i.name for i in registered(tag="tensor_core") if i.stage and i.stage not in STORY_STEPS]
+
+
 #: the recorded run of the Hopper kernel the tables read (experiments/hopper_decode)
 HOPPER_RUN = "h200_run5"
+#: recorded impl name -> today's: before the dispatcher (kernels/decode/auto.py) took the name, split-K had it
+_RENAMED = {"auto": "splitk_auto"}
+
+
+def _hopper_run() -> dict:
+    """The recorded Hopper-kernel run (experiments/hopper_decode); no rows where it is not recorded."""
+    try:
+        return runs.experiment("hopper_decode", HOPPER_RUN)
+    except FileNotFoundError:
+        return {"rows": []}
 
 
 def _hopper_times():
-    """B x impl graph_us of the recorded Hopper-kernel run (experiments/hopper_decode), or None."""
-    try:
-        d = runs.experiment("hopper_decode", HOPPER_RUN)
-    except FileNotFoundError:
-        return None
-    df = hopper_time_rows(d)
-    if df.empty:
-        return None
-    return df.pivot_table(index="B", columns="impl", values="graph_us")
+    """B x impl graph_us of the recorded Hopper-kernel run, or None."""
+    df = hopper_time_rows(_hopper_run())
+    return None if df.empty else df.pivot_table(index="B", columns="impl", values="graph_us")
 
 
 def hopper_time_rows(d: dict):
-    """The timing rows of a recorded hopper_decode run as a DataFrame. Runs recorded before ``auto``
-    became the dispatcher (kernels/auto.py) name the split-K kernel ``auto``: it is ``splitk_auto``
-    now, and is renamed so."""
+    """The timing rows of a recorded hopper_decode run as a DataFrame, the impls under their names of
+    today (_RENAMED)."""
     import pandas as pd
     df = pd.DataFrame([r for r in d["rows"] if r.get("kind") == "time"])
-    if not df.empty and "splitk_auto" not in set(df["impl"]):
-        df["impl"] = df["impl"].replace({"auto": "splitk_auto"})
+    if not df.empty and not set(_RENAMED.values()) & set(df["impl"]):
+        df["impl"] = df["impl"].replace(_RENAMED)
     return df
 
 
 def _hopper_check() -> str:
-    try:
-        d = runs.experiment("hopper_decode", HOPPER_RUN)
-    except FileNotFoundError:
-        return "-"
-    errs = [r["out_err"] for r in d["rows"] if r.get("kind") == "check" and r.get("impl") == "hopper"]
-    return f"hopper vs the float64 reference: out error <= {max(errs):.1e} ({len(errs)} checks)" if errs else "-"
+    hopper = registered(tag="beyond_story")[0].name
+    errs = [r["out_err"] for r in _hopper_run()["rows"] if r.get("kind") == "check" and r.get("impl") == hopper]
+    return f"{hopper} vs the float64 reference: out error <= {max(errs):.1e} ({len(errs)} checks)" if errs else "-"
 
 
 STORY_VS_LAB_COLUMNS = ("figure", "story", "lab", "why they differ", "beyond the story")
@@ -516,8 +510,4 @@ def story_vs_lab_markdown(run: str = runs.REPLAY_RUN, columns=STORY_VS_LAB_COLUM
                          kernel_run: str = runs.KERNEL_RUN) -> str:
     """:func:`story_vs_lab_table`'s ``columns`` as a markdown table (the README's block)."""
     df = story_vs_lab_table(run, kernel_run)
-    cols = list(columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for _, r in df.iterrows():
-        lines.append("| " + " | ".join(str(r[c]).replace("|", "\\|") for c in cols) + " |")
-    return "\n".join(lines)
+    return _markdown(columns, ([str(r[c]).replace("|", "\\|") for c in columns] for _, r in df.iterrows()))

@@ -82,7 +82,7 @@ H200_SM = {"clock_ghz": 1.98, "mma_flop": 4096, "smem_bytes": 128, "int_ops": 64
 
 def hopper_tile_budget(H=64, D=HEAD_DIM, nope=NOPE_DIM, block_n=64, chunk=16, consumer_groups=2, rates=None,
                        chunk_round_trip_us=(0.2, 0.3)) -> list[dict]:
-    """Cycles of one BLOCK_N-token tile of impl "hopper" in steady state at ideal issue (no stalls):
+    """Cycles of one BLOCK_N-token tile of the Hopper kernel in steady state at ideal issue (no stalls):
     one row per step, with who runs it (the consumer warp groups or the producer), the resource that
     bounds it and its cycles. Shared-memory reads count each consumer warp group's operands (Q is
     read by every group, K, V and P once). The producer's gather is latency, not throughput:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .device import VERSIONED
 from .errors import OneLine
 
 _DATA = [Path(__file__).resolve().parent.parent / "data"]
@@ -249,10 +250,15 @@ def ceilings(run: str = "h200"):
     return Ceilings(c["copy_tb_s"], c["bf16_tflops"], c.get("how", ""), c.get("fp32_tflops"))
 
 
+def versions(env: dict) -> str:
+    """'torch <version>, triton <version>' of a recorded run's environment."""
+    return ", ".join(f"{name} {env[name]}" for name in VERSIONED)
+
+
 def _provenance(d: dict, where: str) -> str:
     dev = d["device"]
     return (f"RECORDED (not live): {dev['name']}, {dev['sm_count']} SMs, capability {dev['capability']}; "
-            f"torch {d['torch']}, triton {d['triton']}, sglang {d.get('sglang')}; {d['date']} [{where}]")
+            f"{versions(d)}, sglang {d.get('sglang')}; {d['date']} [{where}]")
 
 
 def provenance(part: str = "device", run: str = "h200") -> str:
@@ -272,8 +278,9 @@ def experiment_provenance(question: str, name: str) -> str:
 
 
 def tile_choice(use: str = "mma", run: str = "h200") -> dict:
-    """The tile config the recorded run ended with for ``use`` ("mma" or "split") on its own
-    device: the table saved with the run's last part (later parts refit the costs)."""
+    """The tile config the recorded run ended with for ``use`` (a use of the tile table,
+    kernels.decode.planning.TILE_TABLE) on its own device: the table saved with the run's last part
+    (later parts refit the costs)."""
     for part in ("decode", "checks", "split", "tiles"):
         try:
             d = load(part, run)

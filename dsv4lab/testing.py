@@ -166,11 +166,14 @@ def make_merged_decode_inputs(B, H, window_k, compressed_k=None, *, window_conte
     return MergedDecodeInputs(w, c)
 
 
-def check_decode(impl: str, inp: DecodeInputs, *, against: str = "reference"):
-    """Run ``impl`` on poisoned outputs; return (out rel. error, lse rel. error) vs ``against``."""
+def check_decode(impl, inp: DecodeInputs, *, against: str = "reference"):
+    """Run ``impl`` on poisoned outputs; return (out rel. error, lse rel. error) vs ``against``. ``impl``
+    is a registered name, or a callable ``run(inp) -> (out, lse)``: a launch no impl names (a tile
+    config, a sweep's candidate, the story's kernel at another BLOCK_H) judged the same way."""
     from . import api, reference
+    run = impl if callable(impl) else lambda i: api.sparse_decode(i.q, i.cache, i.indices, impl=impl, **i.kwargs())
     with poisoned():
-        out, lse = api.sparse_decode(inp.q, inp.cache, inp.indices, impl=impl, **inp.kwargs())
+        out, lse = run(inp)
     if against == "reference":
         ro, rl = reference.sparse_decode(inp.q, inp.cache, inp.indices, **inp.kwargs())
     else:
@@ -285,7 +288,7 @@ def check_indexer(impl: str, inp: IndexerInputs, topk: int = 512):
 
 
 def check_indexer_step(inp: IndexerInputs, topk: int = 512, got: torch.Tensor | None = None) -> dict:
-    """The indexer step over the live context (``indexer_topk(impl="triton")``'s registered function, what
+    """The indexer step over the live context (S4's indexer_topk impl's registered function, what
     a captured graph runs: no API checks), run on poisoned outputs unless its positions ``got`` are given:
     ``exact``, they are the contract (reference.topk_positions) on the Triton kernel's own logits;
     ``recall``, the share of the float64 reference's selection found (ties counted); ``logits_err``, the

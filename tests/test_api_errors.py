@@ -10,7 +10,8 @@ from dsv4lab import api, errors
 from dsv4lab.cache import pack_index_k, scale_view
 from dsv4lab.errors import DeviceInputError, Flag
 from dsv4lab import contracts
-from dsv4lab.testing import OUT_TOL, make_decode_inputs, make_merged_decode_inputs, rel_err, runnable_impls
+from dsv4lab.testing import (OUT_TOL, make_decode_inputs, make_indexer_inputs, make_merged_decode_inputs, rel_err,
+                             runnable_impls)
 
 DECODE_IMPLS = runnable_impls("sparse_decode")
 
@@ -32,14 +33,17 @@ def test_impls_lists_all_stages():
 
 
 def test_one_spelling_of_checks(inp):
-    """checks="device" or "sync"; the older spellings (check_ranges=, a bool) are refused naming checks=."""
+    """checks="device" or "sync"; the older spellings (check_ranges=, a bool) are refused naming checks=, by every op."""
     assert contracts.checks_mode() == "device" and contracts.checks_mode("sync") == "sync"
     for bad in (True, False, "yes"):
         with pytest.raises(ValueError, match=r"checks must be one of \('device', 'sync'\)"):
             contracts.checks_mode(bad)
     merged = make_merged_decode_inputs(2, 4, 16, window_context=40)
+    ix = make_indexer_inputs(2, 4, 128, seed=3)
     for call in (lambda: dsv4lab.sparse_decode(inp.q, inp.cache, inp.indices, impl="mma", check_ranges=True),
-                 lambda: dsv4lab.flash_mla_sparse_decode(*merged.sglang_args(), impl="mma", check_ranges=False)):
+                 lambda: dsv4lab.flash_mla_sparse_decode(*merged.sglang_args(), impl="mma", check_ranges=False),
+                 lambda: dsv4lab.indexer_logits(*ix.args(), max_seq_len=128, check_ranges=True),
+                 lambda: dsv4lab.indexer_topk(*ix.args(), max_seq_len=128, topk=8, check_ranges=True)):
         with pytest.raises(TypeError, match="check_ranges= is gone: pass checks='sync'"):
             call()
 
@@ -122,7 +126,7 @@ def test_indexer_reference_entry_points(dev):
     assert (top[1, :10] >= 0).all() and (top[1, 10:] == -1).all()
 
 
-@pytest.mark.parametrize("impl", ["torch_fp32", "torch_bf16", "triton", "reference"])
+@pytest.mark.parametrize("impl", runnable_impls("indexer_logits"))
 def test_indexer_bad_live_page_every_impl(impl, dev):
     """A live page id outside the cache: sync names it; device mode ends the request before it, flagged."""
     q, ic, w, seq, pt = _indexer(dev)

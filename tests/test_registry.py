@@ -34,3 +34,11 @@ def test_a_dispatcher_reads_as_the_impl_it_runs():
     ran = auto.runs(1, 64, 512)
     assert ran is not auto and ran.heads_per_read(1, 64, 512) == auto.heads_per_read(1, 64, 512)
     assert auto.launch is None and ran.launch is not None
+
+
+def test_a_peer_is_sglang_code_and_one_kernel_stands_beyond_the_story():
+    for op in registry.OPS:
+        for impl in registry.registered(op):
+            assert ("peer" in impl.tags) == ("sglang" in impl.needs), (op, impl.name)
+    (beyond,) = registry.registered(tag="beyond_story")
+    assert beyond.stage == "" and "tensor_core" in beyond.tags

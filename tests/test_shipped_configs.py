@@ -13,16 +13,13 @@ import dsv4lab
 from dsv4lab import bench
 from dsv4lab.kernels.decode import planning
 from dsv4lab.kernels.decode import head_batched, split_k
-from dsv4lab.testing import LSE_TOL, OUT_TOL, make_decode_inputs, poisoned, rel_err
+from dsv4lab.testing import LSE_TOL, OUT_TOL, check_decode, make_decode_inputs
 
 ENTRIES = sorted(k for k in planning.TILE_TABLE if k[0] != "default")
 
 
 def _check(opts, inp):
-    ro, rl = dsv4lab.reference.sparse_decode(inp.q, inp.cache, inp.indices, **inp.kwargs())
-    with poisoned():
-        out, lse = split_k.run(inp.q, inp.cache, inp.indices, inp.topk_len, 512**-0.5, inp.attn_sink, opts)
-    return rel_err(out.float(), ro), rel_err(lse, rl)
+    return check_decode(lambda i: split_k.run(i.q, i.cache, i.indices, i.topk_len, 512**-0.5, i.attn_sink, opts), inp)
 
 
 @pytest.mark.parametrize("key", ENTRIES, ids=lambda k: f"{k[0]}-{k[1]}")

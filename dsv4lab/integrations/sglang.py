@@ -6,9 +6,9 @@ entries), so every caller inside SGLang sees the change:
 * **decode**: ``_run_triton_sparse_decode`` in ``sglang.kernels.ops.attention.flash_mla_sm120_triton``.
   SGLang's ``flash_mla_sparse_decode_triton`` calls it once for the sliding-window cache and once
   for the compressed cache, then merges the two by LSE and applies the attention sink; the merge
-  and the sink stay SGLang's. It becomes :func:`lab_sparse_decode` (``impl="auto"``: on an
-  sm_90 GPU the Hopper kernel from B = 8 for the compressed cache's 512 tokens and from B = 64
-  for the window's 128, else split-K with tiles and NSPLIT by shape).
+  and the sink stay SGLang's. It becomes :func:`lab_sparse_decode` (the registry's dispatcher,
+  ``auto``: on an sm_90 GPU the Hopper kernel from B = 8 for the compressed cache's 512 tokens and
+  from B = 64 for the window's 128, else split-K with tiles and NSPLIT by shape).
 * **indexer**: ``fp8_paged_mqa_logits_torch_sm120`` in ``sglang.srt.layers.attention.dsv4.indexer``,
   the indexer's CUDA-graph-safe torch fallback (it scores the maximum context every step). It
   becomes :func:`lab_paged_mqa_logits`, the lab's Triton indexer (it reads live pages only).
@@ -35,8 +35,8 @@ leaf on its own is found by any later import of its dotted name (``from ... impo
 ``importlib.import_module`` look in ``sys.modules`` first), so a server started afterwards in
 this process uses the patched module. The module stays loaded after :func:`unpatch`.
 
-The lab's ``impl="sglang"`` keeps running SGLang's original code while patched: it uses its own
-copy of the file, loaded under a private name (``kernels.decode.sglang_peer.module()``).
+The lab's impl of SGLang's kernel (tag "peer") keeps running SGLang's original code while patched: it
+uses its own copy of the file, loaded under a private name (``kernels.decode.sglang_peer.module()``).
 """
 from __future__ import annotations
 
@@ -56,10 +56,12 @@ from ..cache import IndexKCache, as_kv_cache
 from ..config import HEAD_DIM, INDEX_DIM, INDEX_TOKEN_BYTES, PAGE_SIZE
 from ..kernels.decode import sglang_peer
 from ..kernels.indexer import triton_indexer as indexer
+from ..registry import registered
 
-DECODE_MODULE = "sglang.kernels.ops.attention.flash_mla_sm120_triton"
+PACKAGE = "sglang"                     # in sys.modules once anything in this process imported SGLang
+DECODE_MODULE = f"{PACKAGE}.kernels.ops.attention.flash_mla_sm120_triton"
 DECODE_FUNCTION = "_run_triton_sparse_decode"
-INDEXER_MODULE = "sglang.srt.layers.attention.dsv4.indexer"
+INDEXER_MODULE = f"{PACKAGE}.srt.layers.attention.dsv4.indexer"
 INDEXER_FUNCTION = "fp8_paged_mqa_logits_torch_sm120"
 
 _ORIGINAL = "__dsv4lab_original__"     # set on a replacement: the function it replaced
@@ -76,7 +78,7 @@ class NotSupported(ValueError):
 # ---- the replacements: SGLang's contracts on the lab's kernels ----
 
 def lab_sparse_decode(q, k_cache, indices, topk_length, softmax_scale):
-    """SGLang's ``_run_triton_sparse_decode`` on the lab's ``impl="auto"``.
+    """SGLang's ``_run_triton_sparse_decode`` on the lab's dispatcher (the fastest kernel per shape).
 
     q [B, 1, H, 512] (bf16; fp16/fp32 too), k_cache SGLang's fp8 (or uint8) page view
     [num_pages, page_size, 1, 584] (DSv4's layout, read in place), indices [B, ...] int32 token ids
@@ -116,8 +118,9 @@ def lab_sparse_decode(q, k_cache, indices, topk_length, softmax_scale):
     flat = indices.reshape(B, -1)
     if flat.shape[1] == 0:
         raise NotSupported("indices have no column (K = 0)")
+    (dispatcher,) = registered(tag="dispatcher")
     out, lse = api.sparse_decode(q[:, 0], cache, flat, topk_len=topk_length, sm_scale=float(softmax_scale),
-                                 impl="auto", checks="device")
+                                 impl=dispatcher.name, checks="device")
     return out.unsqueeze(1), lse.unsqueeze(1)
 
 
@@ -203,7 +206,7 @@ def decode_module():
     mod = sys.modules.get(DECODE_MODULE)
     if mod is not None:
         return mod
-    if "sglang" in sys.modules:
+    if PACKAGE in sys.modules:
         return importlib.import_module(DECODE_MODULE)
     spec = importlib.util.spec_from_file_location(DECODE_MODULE, sglang_peer.sglang_file())
     mod = importlib.util.module_from_spec(spec)
@@ -220,7 +223,7 @@ def indexer_module():
     """``sglang.srt.layers.attention.dsv4.indexer`` where SGLang has imported it or can import it
     (a process that has imported ``sglang``), else None."""
     mod = sys.modules.get(INDEXER_MODULE)
-    if mod is not None or "sglang" not in sys.modules:
+    if mod is not None or PACKAGE not in sys.modules:
         return mod
     return importlib.import_module(INDEXER_MODULE)
 

@@ -134,7 +134,7 @@ def _plan(B: int, H: int, K: int) -> tuple:
     return nsplit, pdl_for(B, H, nsplit, sms)
 
 
-@register("sparse_decode", "hopper", tags=("tensor_core",), available=unavailable_reason,
+@register("sparse_decode", "hopper", tags=("tensor_core", "beyond_story"), available=unavailable_reason,
           heads=lambda B, H, K: min(H, BLOCK_H),
           description="Gluon, sm_90: producer warp group (gather + dequant) and two wgmma consumer warp groups",
           needs=("gpu", "sm_90"), max_scale_byte=lambda B, H, K: MAX_SCALE_BYTE)
