@@ -162,7 +162,7 @@ STORY_SETUP = ("The story: 8x RTX PRO 6000 Blackwell (sm_120, 188 SMs, GDDR7 ~1.
                "device, random weights, no collectives, the MoE stand-in (dsv4lab.model.ASSUMPTIONS).")
 
 
-def decode_table(results: dict) -> list:
+def decode_time_in_step(results: dict) -> list:
     """Decode kernel time inside the step, per stage and profiled C: all layers (graph replay) and
     per layer kind (one eager step's regions: both caches of a layer and the merge's kernels)."""
     rows = []
@@ -208,7 +208,7 @@ def build_tables(results: dict) -> dict:
     trans = [dict(before=a, after=b, rows=profile.transition_table(cats[a], cats[b], a, b))
              for a, b in TRANSITIONS if a in cats and b in cats]
     glue = [dict(stage=n, **o) for n in cats for o in stage_profile(results, n)["glue_ops"]["ops"][:12]]
-    results["tables"] = dict(throughput=thr, fits=fits, profile=prof_rows, glue_ops=glue, decode=decode_table(results),
+    results["tables"] = dict(throughput=thr, fits=fits, profile=prof_rows, glue_ops=glue, decode=decode_time_in_step(results),
                              transitions=trans, story=story_comparison(results),
                              c1=c1_question(results) if results.get("isolated_decode") else [])
     return results["tables"]
