@@ -7,6 +7,7 @@ import time
 from dataclasses import replace
 
 from ..model import ModelConfig
+from ..registry import impl_info
 from ..stages import Stage, stage
 
 CONCURRENCY = (1, 16, 32, 64)
@@ -43,26 +44,31 @@ def estimate_step_ms(cfg: ModelConfig, s: Stage, C: int) -> float:
     """Rough H200 step time (ms), from the recorded runs in data/runs/h200: the torch indexer
     fallback costs ~1.6e-6 ms per (request x max-width position) in fp32, 1.4e-6 in bf16; the
     Triton indexer's top-k ~2e-8; SGLang's SIMT kernel ~1.8e-4 ms per (request x index entry),
-    masked entries ~1/6 of that; the lab's kernels ~20 us a call; the rest ~0.35 ms a layer."""
+    masked entries ~1/6 of that; the lab's kernels ~20 us a call; the rest ~0.35 ms a layer.
+    Each impl's cost follows what the registry says of it: its stage, its tags, its dead-page reads."""
     L = cfg.index_max_seq_len(s.max_context)
-    idx = {"torch_fp32": 1.65e-6, "torch_bf16": 1.37e-6, "sglang": 1.37e-6}.get(s.indexer_impl)
-    indexer = C * L * idx if idx else 0.03 + 2.1e-8 * C * L
+    topk = impl_info("indexer_topk", s.indexer_impl)
+    if topk.reads_dead_pages:                        # the torch fallback: a bmm over the max context
+        indexer = C * L * (1.65e-6 if "exact" in topk.tags else 1.37e-6)      # fp32 or bf16
+    else:
+        indexer = 0.03 + 2.1e-8 * C * L
     wide = cfg.c128_width(s.max_context)
-    if s.decode_impl in ("sglang", "simt"):
-        per = 1.8e-4 if s.decode_impl == "sglang" else 0.65e-4
+    decode = impl_info("sparse_decode", s.decode_impl)
+    if decode.stage == "S0":                         # the SIMT kernels, SGLang's (the baseline) or the lab's
+        per = 1.8e-4 if "baseline" in decode.tags else 0.65e-4
         window = per * C * cfg.window
         c4 = per * C * cfg.index_topk
         c128 = per * C * (cfg.live_context // 128) + per / 6 * C * wide
-    elif s.decode_impl in ("mma_story", "mma_story_stop"):
+    elif decode.stage in ("S1", "S1stop"):           # the story's kernel: S1's walks the whole padded row
         # ~7 us a 32-entry tile of one program's loop; programs beyond one wave of 132 SMs queue
         tile = 0.007 * -(-2 * C // 132)
-        c128_entries = wide if s.decode_impl == "mma_story" else cfg.live_context // 128
+        c128_entries = wide if decode.stage == "S1" else cfg.live_context // 128
         window, c4, c128 = (tile * -(-k // 32) for k in (cfg.window, cfg.index_topk, c128_entries))
     else:
         window = c4 = c128 = 0.02 + 2e-6 * C * cfg.index_topk
     n0, n4, n128 = cfg.layers_window, cfg.layers_c4, cfg.layers_c128
-    decode = n0 * window + n4 * (window + c4) + n128 * (window + c128)
-    return n4 * indexer + decode + cfg.num_layers * (0.35 + 0.004 * C)
+    decode_ms = n0 * window + n4 * (window + c4) + n128 * (window + c128)
+    return n4 * indexer + decode_ms + cfg.num_layers * (0.35 + 0.004 * C)
 
 
 def estimate_stage_s(cfg, s, concurrency, profile_at) -> float:
