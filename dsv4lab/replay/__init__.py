@@ -35,11 +35,10 @@ from .plan import (CONCURRENCY, CONCURRENCY_CPU, GLUE_SCALING_COUNTS, PROFILE_BA
                    budget_plan, estimate_step_ms, glue_scaling_counts, stage_for)
 from .profiling import category_by_region, decode_by_kind, decode_regions
 from .run import cli, main
-from .tables import story_comparison
 
 #: what notebooks, tests and the lab's other modules read here
 __all__ = ["STAGES", "STORY_STEPS", "stage", "COMPILE_VARIANTS", "story_change_lines", "story_throughput_points",
            "throughput_lines", "with_story_bars", "fit_step_time", "tokens_per_s", "decode_calls_per_step",
            "isolated_per_step", "write_outputs", "CONCURRENCY", "CONCURRENCY_CPU", "GLUE_SCALING_COUNTS",
            "PROFILE_BATCH", "PROFILE_BATCH_CPU", "budget_plan", "estimate_step_ms", "glue_scaling_counts",
-           "stage_for", "category_by_region", "decode_by_kind", "decode_regions", "cli", "main", "story_comparison"]
+           "stage_for", "category_by_region", "decode_by_kind", "decode_regions", "cli", "main"]
