@@ -222,11 +222,11 @@ def story_vs_lab_rows(rep: dict, kernel_run: str | None = runs.KERNEL_RUN) -> li
         "is not published); same ops, the fallback's bmm heavier here")
     gs = rep.get("glue_scaling", {})
     L, live = cfg["index_max_seq_len"], cfg["live_context"]
-    lab = ""
+    lab = []
     if gs.get("fit"):
         f = gs["fit"]
-        lab = (f"S0's glue = {f['glue_fixed_ms']:.1f} ms + {f['glue_per_ratio4_layer_ms']:.1f} ms per ratio-4 "
-               f"layer (r2 {f['r2']:.3f}); ")
+        lab.append(f"S0's glue = {f['glue_fixed_ms']:.1f} ms + {f['glue_per_ratio4_layer_ms']:.1f} ms per ratio-4 "
+                   f"layer (r2 {f['r2']:.3f})")
     counts = [r["ratio4_layers"] for r in gs.get("rows", [])]
     how = (f"the replay's S0 with {min(counts)}..{max(counts)} ratio-4 layers (C = {gs['C']})" if counts
            else "the replay's S0 glue scaling: not run")
@@ -234,11 +234,11 @@ def story_vs_lab_rows(rep: dict, kernel_run: str | None = runs.KERNEL_RUN) -> li
         ix = runs.table("indexer", kernel_run)
         ix = ix[(ix.kind == "time") & (ix.B == B)].pivot_table(index="max_seq_len", columns="impl", values="graph_us")
         if L in ix.index and live in ix.index:
-            lab += (f"the fallback alone at B = {B} on {here_k}: {ix.loc[L, 'torch_fp32'] / 1e3:.1f} ms at width {L} "
-                    f"vs {ix.loc[live, 'torch_fp32'] / 1e3:.2f} ms at {live}; the Triton indexer "
-                    f"{ix.loc[L, 'triton']:.1f} us")
+            lab.append(f"the fallback alone at B = {B} on {here_k}: {ix.loc[L, 'torch_fp32'] / 1e3:.1f} ms at width "
+                       f"{L} vs {ix.loc[live, 'torch_fp32'] / 1e3:.2f} ms at {live}; the Triton indexer "
+                       f"{ix.loc[L, 'triton']:.1f} us")
         how += "; the recorded indexer run (graph replay)"
-    add(grp, "root cause of the glue", runs.story_fact("root cause of glue"), lab, how,
+    add(grp, "root cause of the glue", runs.story_fact("root cause of glue"), "; ".join(lab), how,
         "the same fallback and width (the lab's config follows SGLang's max context); the story found it in its "
         "op profile, the lab measures it directly")
     capped, base = ("S1cap", "S1") if "S1cap" in rep["stages"] else ("S0cap", "S0")

@@ -65,7 +65,6 @@ def story_change_lines(ax, results: dict, pairs=(("S0", "S1"), ("S0", "S1stop"))
     return ax
 
 
-
 def with_story_bars(per_stage: dict) -> dict:
     """``per_stage`` ({stage: {category: us}}) with the story's published shares as a bar just before
     S0 ("story\nbefore") and before S1 ("story\nafter"), for a share plot (the story's ms are not all
@@ -78,7 +77,6 @@ def with_story_bars(per_stage: dict) -> dict:
             out[key] = story[key]
         out[n] = v
     return out
-
 
 
 def write_figures(results: dict, shift_png, throughput_png):

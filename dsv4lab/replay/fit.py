@@ -20,7 +20,6 @@ def tokens_per_s(C: int, step_ms: float) -> float:
     return C / (step_ms / 1000.0)
 
 
-
 def median(xs):
     xs = sorted(xs)
     n = len(xs)

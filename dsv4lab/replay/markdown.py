@@ -60,7 +60,6 @@ def sensitivity_markdown(s: dict) -> list:
                 f"{fit['reproduces_all_shares']}):", "", _md([fit])]
 
 
-
 def tables_markdown(results: dict, quick: bool) -> str:
     """tables.md: the run's setup, every table of ``results["tables"]`` (tables.build_tables), the
     bridge, the sensitivity, the compile lessons, the classifier's check, what was skipped and the

@@ -28,7 +28,6 @@ def replay_ms(g, n: int) -> list:
     return out
 
 
-
 def measure_stage(model: Model, s: Stage, concurrency, profile_at, *, deadline: Deadline, log=print) -> dict:
     """Step time per C (graph replay on a GPU, eager wall clock on a CPU); a kernel profile at
     each C in ``profile_at`` (res["profiles"][str(C)]), with the eager step at the last of them."""

@@ -27,7 +27,6 @@ def stage_for(s: Stage, cfg: ModelConfig) -> Stage:
     return s
 
 
-
 def with_ratio4(cfg: ModelConfig, n: int) -> ModelConfig:
     """cfg with n ratio-4 layers, the rest of its compressed layers ratio 128."""
     return replace(cfg, layers_c4=n, layers_c128=cfg.layers_c4 + cfg.layers_c128 - n)
@@ -37,7 +36,6 @@ def glue_scaling_counts(cfg: ModelConfig, counts) -> list:
     """The ratio-4 layer counts the glue scaling can build from ``cfg`` (no more than its compressed
     layers): the same list for its run and for the budget's estimate of it."""
     return [n for n in counts if n <= cfg.layers_c4 + cfg.layers_c128]
-
 
 
 def estimate_step_ms(cfg: ModelConfig, s: Stage, C: int) -> float:
@@ -86,7 +84,6 @@ def estimate_stage_s(cfg, s, concurrency, profile_at) -> float:
     return t
 
 
-
 def budget_plan(cfg: ModelConfig, todo, concurrency, profile_at, scaling_counts, compile_glue: bool) -> dict:
     """Seconds each part of a GPU run should take (estimates for an H200; the run adapts its repeats
     and skips what no longer fits); built from the same configurations the run builds."""
@@ -96,7 +93,6 @@ def budget_plan(cfg: ModelConfig, todo, concurrency, profile_at, scaling_counts,
                 glue_scaling_s=sum(8.0 + 8 * estimate_step_ms(with_ratio4(cfg, n), s0, B) / 1e3
                                    for n in glue_scaling_counts(cfg, scaling_counts)),
                 isolated_decode_s=35.0, compile_lesson_s=140.0 if compile_glue else 0.0, outputs_s=10.0)
-
 
 
 class Deadline:

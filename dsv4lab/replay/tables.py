@@ -66,8 +66,6 @@ def decode_time_in_step(results: dict) -> list:
     return rows
 
 
-
-
 def stages_run(results: dict) -> list:
     """The names of the stages the run measured, in the stage table's order."""
     st = results.get("stages", {})
@@ -97,7 +95,8 @@ def build_tables(results: dict) -> dict:
     trans = [dict(before=a, after=b, rows=profile.transition_table(cats[a], cats[b], a, b))
              for a, b in TRANSITIONS if a in cats and b in cats]
     glue = [dict(stage=n, **o) for n in cats for o in stage_profile(results, n)["glue_ops"]["ops"][:12]]
-    results["tables"] = dict(throughput=thr, fits=fits, profile=prof_rows, glue_ops=glue, decode=decode_time_in_step(results),
-                             transitions=trans, story=story_vs_lab_rows(results, kernel_run=None),
+    results["tables"] = dict(throughput=thr, fits=fits, profile=prof_rows, glue_ops=glue,
+                             decode=decode_time_in_step(results), transitions=trans,
+                             story=story_vs_lab_rows(results, kernel_run=None),      # no recorded kernel runs
                              c1=c1_question(results) if results.get("isolated_decode") else [])
     return results["tables"]
