@@ -103,7 +103,7 @@ def test_reproduce_quick_writes_what_it_promises(quick_run):
     assert [(x["before"], x["after"]) for x in t["transitions"]] == [
         ("S0", "S1"), ("S1", "S1stop"), ("S1", "S1cap"), ("S0", "S0cap"), ("S0", "S4")]
     assert t["story"] and t["decode"] and t["c1"]
-    assert {"total kernel time", "the machine"} <= {r["figure"] for r in t["story"]}      # story_vs_lab_rows'
+    assert {"total kernel time", "the machine"} <= {r["figure"] for r in t["story"]}      # story_vs_lab_rows' figures
     # the bridge and the sensitivity, on the interpreter's meaningless times: every path runs
     f = res["factors"]
     assert f["assumed"] and f["step"]["product"] == pytest.approx(f["step"]["measured"])
