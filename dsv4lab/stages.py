@@ -8,11 +8,11 @@ index row), S2 split-K (``splitk_auto``), S3 bf16 GEMMs for the indexer and mHC,
 Variants, each one change away from the stage it names: S1stop (the lab's: S1's kernel stopping each row
 at ``topk_length``), S1best (the lab's tuned MMA kernel), S1cap (the story's "cap the context to 8192",
 where the story made it: after its MMA kernel), and the same cap on S0 (S0cap) and S3 (S3cap). The table
-is data: each stage is the one before it with what it changes; where the registry has one impl for the
-stage it takes that one (S0's decode: the impl tagged "baseline"), and it names an impl only where it picks
-one of several (S2's split-K, S3's indexer). A code path that needs "the story's kernel" or "the Triton
-indexer" asks the table (``stage("S1").decode_impl``, ``stage("S4").indexer_impl``) instead of naming one.
-Importing it needs the kernels registered (``import dsv4lab`` does it).
+is data: each stage is the one before it with what it changes, and what it changes is the first impl the
+registry has for the stage (S0's decode: the one tagged "baseline"), except where the stage runs a later
+one (S2's ``splitk_auto``). A code path that needs "the story's kernel" or "the Triton indexer" asks the
+table (``stage("S1").decode_impl``, ``stage("S4").indexer_impl``) instead of naming one. Importing it
+needs the kernels registered (``import dsv4lab`` does it).
 """
 from __future__ import annotations
 
@@ -51,12 +51,11 @@ class Stage:
 
 
 def _registered_for(op: str, name: str, tag: str | None = None) -> str:
-    """The impl of ``op`` (with ``tag``) that the registry says stands for stage ``name`` (Impl.stage):
-    the table names an impl itself only where several stand for its stage."""
+    """The first impl of ``op`` (with ``tag``) registered for stage ``name`` (Impl.stage). The registry keeps
+    the campaign's order, so a stage's own impl comes before those the lab (or a new kernel) added for it."""
     found = [i.name for i in registered(op, tag) if i.stage == name]
-    if len(found) != 1:
-        raise LookupError(f"{len(found)} impls of {op} registered for stage {name} ({found}): the stage table "
-                          f"must name the one it runs")
+    if not found:
+        raise LookupError(f"no impl of {op} is registered for stage {name}")
     return found[0]
 
 
@@ -71,10 +70,10 @@ _S0 = Stage("S0", "story start: SGLang's SIMT decode, fp32 indexer fallback over
             decode_impl=_registered_for(_DECODE, "S0", tag="baseline"), indexer_impl=_registered_for(_TOPK, "S0"))
 _S1 = _then(_S0, "S1", "the story's head-batched MMA decode (BLOCK_H 32): SGLang's loop over the whole padded row",
             decode_impl=_registered_for(_DECODE, "S1"))
-# S2 and S3 pick one of the impls registered for them: the shape-tuned split-K, the lab's bf16 fallback
+# S2 runs the shape-tuned split-K, registered for it after the fixed-tile one
 _S2 = _then(_S1, "S2", "split-K decode (splitk_auto: tiles and NSPLIT per shape)", decode_impl="splitk_auto")
-_S3 = _then(_S2, "S3", "bf16 GEMMs for the indexer and the mHC pre-linear", indexer_impl="torch_bf16",
-            mhc_gemm="bfloat16")
+_S3 = _then(_S2, "S3", "bf16 GEMMs for the indexer and the mHC pre-linear",
+            indexer_impl=_registered_for(_TOPK, "S3"), mhc_gemm="bfloat16")
 _S4 = _then(_S3, "S4", "the Triton indexer: work follows the live context", indexer_impl=_registered_for(_TOPK, "S4"))
 
 #: the campaign's stages, cumulative; variants at the end

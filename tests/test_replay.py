@@ -6,7 +6,7 @@ import tarfile
 import pytest
 
 from dsv4lab import replay as R
-from dsv4lab import stages
+from dsv4lab import registry, stages
 from dsv4lab.__main__ import main as cli
 from dsv4lab.model import CPU_MODEL, DSV4_FLASH_TP8
 from dsv4lab.story_vs_lab import story_vs_lab_rows
@@ -33,6 +33,14 @@ def test_stages_are_cumulative_and_distinct():
     assert len(set(keys)) == len(keys)
     with pytest.raises(ValueError, match="stage must be one of"):
         stages.stage("S9")
+
+
+def test_a_kernel_added_for_a_stage_leaves_the_stage_table_alone(monkeypatch):
+    """The table takes the first impl registered for a stage: one a new module registers for it later
+    (kernels/decode/__init__.py imports new kernels last) does not take the stage's place."""
+    monkeypatch.setitem(registry._IMPLS, "sparse_decode", dict(registry._IMPLS["sparse_decode"]))
+    registry.register("sparse_decode", "tmp_for_s1best", stage="S1best")(lambda *a, **kw: None)
+    assert stages._registered_for("sparse_decode", "S1best") == stages.stage("S1best").decode_impl == "mma"
 
 
 def test_stage_for_keeps_the_cap_a_cap():
