@@ -8,8 +8,12 @@ from __future__ import annotations
 import re
 
 from . import runs
+from .registry import registered
+from .stages import stage
 
 STORY_DEVICE = "NVIDIA RTX PRO 6000 Blackwell"
+#: the lab's Hopper kernel: beyond the story, no stage of its own
+HOPPER = "hopper"
 
 
 def _x(a, b) -> float | None:
@@ -63,7 +67,7 @@ def story_vs_lab_table(run: str = runs.REPLAY_RUN, kernel_run: str = runs.KERNEL
     beside the lab's own figure on its recorded devices: the campaign replay (``runs.replay(run)``) and
     the recorded decode, indexer and check runs of ``kernel_run`` (each row names the device it was
     measured on). Columns: group, figure, story, lab, "lab: measured as",
-    "why they differ", "beyond the story" (the lab's Hopper kernel, impl "hopper", where it has a
+    "why they differ", "beyond the story" (the lab's Hopper kernel, impl ``hopper``, where it has a
     figure), and the change each side reports as one factor (story x, lab x: > 1 is faster) where the
     figure is a change. The story's numbers are never mixed into the lab's. :func:`story_vs_lab_rows`
     builds the rows."""
@@ -84,6 +88,9 @@ def story_vs_lab_rows(rep: dict, kernel_run: str | None = runs.KERNEL_RUN) -> li
 
     R = _Replay(rep)
     B = R.B
+    # the kernels the figures name, as the stage table names them
+    sglang, story_kernel, mma, splitk_auto = (stage(n).decode_impl for n in ("S0", "S1", "S1best", "S2"))
+    fallback, triton_indexer = stage("S0").indexer_impl, stage("S4").indexer_impl
     cfg = rep["config"]
     dev = rep["environment"]["device"]
     story_sms = KNOWN_DEVICES[STORY_DEVICE]["sm_count"]
@@ -117,11 +124,11 @@ def story_vs_lab_rows(rep: dict, kernel_run: str | None = runs.KERNEL_RUN) -> li
     d = story_row("sparse-MLA")
     iso = isolated_per_step(rep)
     i32 = iso[iso.B == B].set_index(["impl", "kind"])
-    wide = ("ratio 128" if ("sglang", "ratio 128") in i32.index else None)
+    wide = ("ratio 128" if (sglang, "ratio 128") in i32.index else None)
     dec = (R.ms("S0", profile.DECODE), R.ms("S1", profile.DECODE))
     why = window
     if wide:
-        c128 = i32.loc[("sglang", wide)]
+        c128 = i32.loc[(sglang, wide)]
         why += (f"; on the ratio-128 layers both kernels walk every entry of an index row {int(c128.entries)} wide "
                 f"({int(c128.valid)} valid), as SGLang's loop does")
     why += _bridge_why(rep)
@@ -135,28 +142,28 @@ def story_vs_lab_rows(rep: dict, kernel_run: str | None = runs.KERNEL_RUN) -> li
         here_k = f"one {kdev['name']} ({kdev['sm_count']} SMs)"
         dt = runs.table("decode", kernel_run)
         t = dt.pivot_table(index="B", columns="impl", values="graph_us")
-        story_alone = i32.loc[("mma_story", "ratio 4")].us_per_call if ("mma_story", "ratio 4") in i32.index else None
-        sg_alone = i32.loc[("sglang", "ratio 4")].us_per_call if ("sglang", "ratio 4") in i32.index else None
-        lab_alone = (f"{kdev['name'].removeprefix('NVIDIA ')}: SGLang's kernel {t.loc[B, 'sglang']:.0f} us per call; the lab's mma {t.loc[B, 'mma']:.1f} "
-                     f"({t.loc[B, 'sglang'] / t.loc[B, 'mma']:.0f}x), splitk_auto {t.loc[B, 'splitk_auto']:.1f} "
-                     f"({t.loc[B, 'sglang'] / t.loc[B, 'splitk_auto']:.0f}x)")
+        story_alone = i32.loc[(story_kernel, "ratio 4")].us_per_call if (story_kernel, "ratio 4") in i32.index else None
+        sg_alone = i32.loc[(sglang, "ratio 4")].us_per_call if (sglang, "ratio 4") in i32.index else None
+        lab_alone = (f"{kdev['name'].removeprefix('NVIDIA ')}: SGLang's kernel {t.loc[B, sglang]:.0f} us per call; "
+                     f"the lab's {mma} {t.loc[B, mma]:.1f} ({t.loc[B, sglang] / t.loc[B, mma]:.0f}x), {splitk_auto} "
+                     f"{t.loc[B, splitk_auto]:.1f} ({t.loc[B, sglang] / t.loc[B, splitk_auto]:.0f}x)")
         if story_alone and sg_alone:
             lab_alone += (f"; {here}: the story's kernel {story_alone:.0f} us vs SGLang's {sg_alone:.0f} in the "
                           f"replay's ratio-4 call ({sg_alone / story_alone:.0f}x)")
         beyond = "-"
         if hop is not None and B in hop.index:
-            beyond = (f"hopper {hop.loc[B, 'hopper']:.1f} us at B = {B} vs splitk_auto {hop.loc[B, 'splitk_auto']:.1f} "
-                      f"(same run)")
+            beyond = (f"{HOPPER} {hop.loc[B, HOPPER]:.1f} us at B = {B} vs {splitk_auto} "
+                      f"{hop.loc[B, splitk_auto]:.1f} (same run)")
             big = max(hop.index)
-            if "mma" in hop and big != B:
-                beyond += f"; B = {big}: {hop.loc[big, 'hopper']:.1f} vs mma {hop.loc[big, 'mma']:.1f} us"
+            if mma in hop and big != B:
+                beyond += f"; B = {big}: {hop.loc[big, HOPPER]:.1f} vs {mma} {hop.loc[big, mma]:.1f} us"
         add(grp, f"sparse-MLA decode, the kernel alone (B = {B}, {cfg['index_topk']} valid entries)",
             f"not published (in the model: {d.before_ms / d.after_ms:.1f}x)", lab_alone,
             f"recorded decode run, one call per CUDA graph, B = {B}, on {here_k}; the replay's calls on {here}",
             f"the story measured its kernels inside its server only; here every kernel on the same rows; the story's "
             f"first MMA kernel (BLOCK_H {STORY_TILES.block_h}, no prefetch, no split) is not the "
             f"lab's tuned one",
-            None, _x(t.loc[B, "sglang"], t.loc[B, "splitk_auto"]), beyond)
+            None, _x(t.loc[B, sglang], t.loc[B, splitk_auto]), beyond)
     for cat, extra in ((profile.DECODE, ""), (profile.FP32_GEMM, "; both: its ms unchanged, its share grew with "
                                                                   "the smaller total"),
                        (profile.GLUE, "; both: the indexer's fallback over the max context"), (profile.MOE, "")):
@@ -205,9 +212,10 @@ def story_vs_lab_rows(rep: dict, kernel_run: str | None = runs.KERNEL_RUN) -> li
     grp = "other published figures"
     if kernel_run is not None:
         ch = runs.table("checks", kernel_run)
-        tc = ch[ch.impl.isin(["mma", "splitk", "splitk_auto"])].vs_simt_err.dropna()
+        split_k = [i.name for i in registered() if i.stage == "S2"]             # both split-K kernels
+        tc = ch[ch.impl.isin([mma, *split_k])].vs_simt_err.dropna()
         add(grp, "MMA vs SIMT kernel, relative error", runs.story_fact("MMA vs SIMT kernel rel. error"),
-            f"<= {tc.max():.1e} (mma, splitk, splitk_auto vs the lab's SIMT kernel, {tc.size} checks)",
+            f"<= {tc.max():.1e} ({', '.join([mma, *split_k])} vs the lab's SIMT kernel, {tc.size} checks)",
             f"recorded checks on {here_k}: fresh random inputs, odd sizes, padding, sinks",
             "story: its MMA kernel against SGLang's on its GPU; here the lab's tensor-core kernels against its SIMT "
             "kernel (both also checked against a float64 reference)",
@@ -234,9 +242,9 @@ def story_vs_lab_rows(rep: dict, kernel_run: str | None = runs.KERNEL_RUN) -> li
         ix = runs.table("indexer", kernel_run)
         ix = ix[(ix.kind == "time") & (ix.B == B)].pivot_table(index="max_seq_len", columns="impl", values="graph_us")
         if L in ix.index and live in ix.index:
-            lab.append(f"the fallback alone at B = {B} on {here_k}: {ix.loc[L, 'torch_fp32'] / 1e3:.1f} ms at width "
-                       f"{L} vs {ix.loc[live, 'torch_fp32'] / 1e3:.2f} ms at {live}; the Triton indexer "
-                       f"{ix.loc[L, 'triton']:.1f} us")
+            lab.append(f"the fallback alone at B = {B} on {here_k}: {ix.loc[L, fallback] / 1e3:.1f} ms at width "
+                       f"{L} vs {ix.loc[live, fallback] / 1e3:.2f} ms at {live}; the Triton indexer "
+                       f"{ix.loc[L, triton_indexer]:.1f} us")
         how += "; the recorded indexer run (graph replay)"
     add(grp, "root cause of the glue", runs.story_fact("root cause of glue"), "; ".join(lab), how,
         "the same fallback and width (the lab's config follows SGLang's max context); the story found it in its "
@@ -308,8 +316,9 @@ def hopper_time_rows(d: dict):
     now, and is renamed so."""
     import pandas as pd
     df = pd.DataFrame([r for r in d["rows"] if r.get("kind") == "time"])
-    if not df.empty and "splitk_auto" not in set(df["impl"]):
-        df["impl"] = df["impl"].replace({"auto": "splitk_auto"})
+    splitk_auto = stage("S2").decode_impl
+    if not df.empty and splitk_auto not in set(df["impl"]):
+        df["impl"] = df["impl"].replace({"auto": splitk_auto})
     return df
 
 
@@ -318,8 +327,8 @@ def _hopper_check() -> str:
         d = runs.experiment("hopper_decode", HOPPER_RUN)
     except FileNotFoundError:
         return "-"
-    errs = [r["out_err"] for r in d["rows"] if r.get("kind") == "check" and r.get("impl") == "hopper"]
-    return f"hopper vs the float64 reference: out error <= {max(errs):.1e} ({len(errs)} checks)" if errs else "-"
+    errs = [r["out_err"] for r in d["rows"] if r.get("kind") == "check" and r.get("impl") == HOPPER]
+    return f"{HOPPER} vs the float64 reference: out error <= {max(errs):.1e} ({len(errs)} checks)" if errs else "-"
 
 
 STORY_VS_LAB_COLUMNS = ("figure", "story", "lab", "why they differ", "beyond the story")
