@@ -8,16 +8,19 @@ index row), S2 split-K (``splitk_auto``), S3 bf16 GEMMs for the indexer and mHC,
 Variants, each one change away from the stage it names: S1stop (the lab's: S1's kernel stopping each row
 at ``topk_length``), S1best (the lab's tuned MMA kernel), S1cap (the story's "cap the context to 8192",
 where the story made it: after its MMA kernel), and the same cap on S0 (S0cap) and S3 (S3cap). The table
-is data: it names each stage's impls, and a code path that needs "the story's kernel" or "the Triton
-indexer" asks it (``stage("S1").decode_impl``, ``stage("S4").indexer_impl``) instead of naming one.
+is data: each stage is the one before it with what it changes, and what it changes is the first impl the
+registry has for the stage (S0's decode: the one tagged "baseline"), except where the stage runs a later
+one (S2's ``splitk_auto``). A code path that needs "the story's kernel" or "the Triton indexer" asks the
+table (``stage("S1").decode_impl``, ``stage("S4").indexer_impl``) instead of naming one. Importing it
+needs the kernels registered (``import dsv4lab`` does it).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from .registry import impls
+from .registry import impls, registered
 
 
 @dataclass(frozen=True)
@@ -47,28 +50,43 @@ class Stage:
         return asdict(self)
 
 
+def _registered_for(op: str, name: str, tag: str | None = None) -> str:
+    """The first impl of ``op`` (with ``tag``) registered for stage ``name`` (Impl.stage). The registry keeps
+    the campaign's order, so a stage's own impl comes before those the lab (or a new kernel) added for it."""
+    found = [i.name for i in registered(op, tag) if i.stage == name]
+    if not found:
+        raise LookupError(f"no impl of {op} is registered for stage {name}")
+    return found[0]
+
+
+def _then(before: Stage, name: str, title: str, **change) -> Stage:
+    """Stage ``name``: ``before`` with ``change`` (the stages are cumulative; a variant is one change away)."""
+    return replace(before, name=name, title=title, **change)
+
+
+_DECODE, _TOPK = "sparse_decode", "indexer_topk"
+_CAP = 8192                           # the story's "cap the context to 8192"
+_S0 = Stage("S0", "story start: SGLang's SIMT decode, fp32 indexer fallback over the max context, fp32 mHC",
+            decode_impl=_registered_for(_DECODE, "S0", tag="baseline"), indexer_impl=_registered_for(_TOPK, "S0"))
+_S1 = _then(_S0, "S1", "the story's head-batched MMA decode (BLOCK_H 32): SGLang's loop over the whole padded row",
+            decode_impl=_registered_for(_DECODE, "S1"))
+# S2 runs the shape-tuned split-K, registered for it after the fixed-tile one
+_S2 = _then(_S1, "S2", "split-K decode (splitk_auto: tiles and NSPLIT per shape)", decode_impl="splitk_auto")
+_S3 = _then(_S2, "S3", "bf16 GEMMs for the indexer and the mHC pre-linear",
+            indexer_impl=_registered_for(_TOPK, "S3"), mhc_gemm="bfloat16")
+_S4 = _then(_S3, "S4", "the Triton indexer: work follows the live context", indexer_impl=_registered_for(_TOPK, "S4"))
+
 #: the campaign's stages, cumulative; variants at the end
 STAGES = (
-    Stage("S0", "story start: SGLang's SIMT decode, fp32 indexer fallback over the max context, fp32 mHC",
-          decode_impl="sglang", indexer_impl="torch_fp32", mhc_gemm="float32"),
-    Stage("S1", "the story's head-batched MMA decode (BLOCK_H 32): SGLang's loop over the whole padded row",
-          decode_impl="mma_story", indexer_impl="torch_fp32", mhc_gemm="float32"),
-    Stage("S2", "split-K decode (splitk_auto: tiles and NSPLIT per shape)",
-          decode_impl="splitk_auto", indexer_impl="torch_fp32", mhc_gemm="float32"),
-    Stage("S3", "bf16 GEMMs for the indexer and the mHC pre-linear",
-          decode_impl="splitk_auto", indexer_impl="torch_bf16", mhc_gemm="bfloat16"),
-    Stage("S4", "the Triton indexer: work follows the live context",
-          decode_impl="splitk_auto", indexer_impl="triton", mhc_gemm="bfloat16"),
-    Stage("S1stop", "variant of S1 (the lab's): the story's kernel stopping each row at topk_length",
-          decode_impl="mma_story_stop", indexer_impl="torch_fp32", mhc_gemm="float32"),
-    Stage("S1best", "variant of S1 (the lab's): the lab's tuned head-batched kernel (mma)",
-          decode_impl="mma", indexer_impl="torch_fp32", mhc_gemm="float32"),
-    Stage("S1cap", "variant of S1: the story's 'cap the context to 8192', where the story made it",
-          decode_impl="mma_story", indexer_impl="torch_fp32", mhc_gemm="float32", max_context=8192),
-    Stage("S0cap", "variant of S0: the context capped to 8192 before the MMA kernel",
-          decode_impl="sglang", indexer_impl="torch_fp32", mhc_gemm="float32", max_context=8192),
-    Stage("S3cap", "variant of S3: context capped to 8192",
-          decode_impl="splitk_auto", indexer_impl="torch_bf16", mhc_gemm="bfloat16", max_context=8192),
+    _S0, _S1, _S2, _S3, _S4,
+    _then(_S1, "S1stop", "variant of S1 (the lab's): the story's kernel stopping each row at topk_length",
+          decode_impl=_registered_for(_DECODE, "S1stop")),
+    _then(_S1, "S1best", "variant of S1 (the lab's): the lab's tuned head-batched kernel (mma)",
+          decode_impl=_registered_for(_DECODE, "S1best")),
+    _then(_S1, "S1cap", "variant of S1: the story's 'cap the context to 8192', where the story made it",
+          max_context=_CAP),
+    _then(_S0, "S0cap", "variant of S0: the context capped to 8192 before the MMA kernel", max_context=_CAP),
+    _then(_S3, "S3cap", "variant of S3: context capped to 8192", max_context=_CAP),
 )
 #: the steps the story took (the rest are the lab's own, or the story's change applied elsewhere)
 STORY_STEPS = ("S0", "S1", "S1cap")

@@ -1,4 +1,4 @@
-"""The replay's pieces (dsv4lab.replay): the stages, the throughput fit, the story table, and
+"""The replay's pieces (dsv4lab.replay): the stages, the throughput fit, the story beside the run, and
 ``python -m dsv4lab reproduce --quick`` end to end on two stages (Triton interpreter, ~30 s)."""
 import json
 import tarfile
@@ -6,9 +6,10 @@ import tarfile
 import pytest
 
 from dsv4lab import replay as R
-from dsv4lab import stages
+from dsv4lab import registry, stages
 from dsv4lab.__main__ import main as cli
 from dsv4lab.model import CPU_MODEL, DSV4_FLASH_TP8
+from dsv4lab.story_vs_lab import story_vs_lab_rows
 
 
 def test_stages_are_cumulative_and_distinct():
@@ -32,6 +33,14 @@ def test_stages_are_cumulative_and_distinct():
     assert len(set(keys)) == len(keys)
     with pytest.raises(ValueError, match="stage must be one of"):
         stages.stage("S9")
+
+
+def test_a_kernel_added_for_a_stage_leaves_the_stage_table_alone(monkeypatch):
+    """The table takes the first impl registered for a stage: one a new module registers for it later
+    (kernels/decode/__init__.py imports new kernels last) does not take the stage's place."""
+    monkeypatch.setitem(registry._IMPLS, "sparse_decode", dict(registry._IMPLS["sparse_decode"]))
+    registry.register("sparse_decode", "tmp_for_s1best", stage="S1best")(lambda *a, **kw: None)
+    assert stages._registered_for("sparse_decode", "S1best") == stages.stage("S1best").decode_impl == "mma"
 
 
 def test_stage_for_keeps_the_cap_a_cap():
@@ -59,21 +68,24 @@ def test_estimates_rank_the_stages_like_the_story():
     assert est["S1"] > est["S1stop"] and est["S1"] > est["S1cap"]
 
 
-def test_story_comparison_names_its_differences():
+def test_story_vs_lab_rows_of_a_run_of_its_own():
+    """The one story-vs-lab builder on a replay's own results (kernel_run None: no recorded kernel runs)
+    that lack S2 and the glue scaling: the figures it has, "n/a" where a figure needs what it lacks."""
     prof = {"total_us": 1000.0, "by_category": {"sparse-MLA decode": 600.0}}
     p1 = dict(prof, total_us=500.0, by_category={"sparse-MLA decode": 100.0},
               glue_ops={"ops": [{"op": "aten::copy_", "share": 0.4}]})
-    res = {"profile_batch": 32, "concurrency": [1, 32],
+    res = {"profile_batch": 32, "concurrency": [1, 32], "config": CPU_MODEL.as_dict(),
+           "environment": {"device": {"name": "cpu", "sm_count": None}},
            "stages": {"S0": {"profiles": {"32": prof}, "steps": [{"C": 1, "tok_s": 10.0}],
                              "fit": {"b_ms": 30, "asymptote_tok_s": 33}},
                       "S1": {"profiles": {"32": p1}, "steps": [{"C": 1, "tok_s": 8.0}],
                              "fit": {"b_ms": 13, "asymptote_tok_s": 77}}}}
-    rows = R.story_comparison(res)
-    assert rows and all("setup differences" in r for r in rows)
-    by = {r["figure"]: r for r in rows}
-    assert by["sparse-MLA decode kernel time S0 -> S1 (in the model)"]["here"].endswith("(6.0x)")
-    assert "-20%" in by["throughput C=1, S0 -> S1"]["here"]
-    assert by["glue by op after the MMA kernel (S1; % of glue + FP32 GEMM kernel time)"]["here"].startswith("copy_ 40.0%")
+    by = {r["figure"]: r for r in story_vs_lab_rows(res, kernel_run=None)}
+    assert by["sparse-MLA decode kernel time, in the model"]["lab"] == "0.6 -> 0.1 ms per step (6x)"
+    assert by["tok/s at concurrency 1"]["lab"].endswith("(-20%)")
+    assert by["the glue by aten op (after the MMA kernel)"]["lab"].startswith("copy_ 40.0%")
+    assert "S2 n/a" in by["the B = 1 regression's cause"]["lab"]
+    assert not any("the kernel alone" in f or "relative error" in f for f in by)     # the kernel runs' figures
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +111,7 @@ def test_reproduce_quick_writes_what_it_promises(quick_run):
     assert [(x["before"], x["after"]) for x in t["transitions"]] == [
         ("S0", "S1"), ("S1", "S1stop"), ("S1", "S1cap"), ("S0", "S0cap"), ("S0", "S4")]
     assert t["story"] and t["decode"] and t["c1"]
+    assert {"total kernel time", "the machine"} <= {r["figure"] for r in t["story"]}      # story_vs_lab_rows' figures
     # the bridge and the sensitivity, on the interpreter's meaningless times: every path runs
     f = res["factors"]
     assert f["assumed"] and f["step"]["product"] == pytest.approx(f["step"]["measured"])
