@@ -1,4 +1,4 @@
-"""Byte and FLOP counts of each stage, and the floors they imply.
+"""Byte and FLOP counts of each stage and of the whole decode step, and the floors they imply.
 
 A "floor" is the time the work would take at a ceiling: bytes / copy bandwidth
 or FLOPs / matmul rate; the larger of the two bounds any implementation.
@@ -146,3 +146,107 @@ def hopper_timeline(budget: list[dict], tiles=4, num_buf=2, chunks=4, cold_us=1.
             t += row["cycles"]
         done.append(t)
     return segs
+
+
+# --- the whole decode step's floor ------------------------------------------------------------------
+# The decode step's floors: the least time one GPU's share of a step can take, from the bytes it must
+# read at the device's measured copy bandwidth, and from its multiply-adds at the measured bf16 rate.
+#
+# Computed from a replay's record (``reproduce.json``: its config, the weight bytes per layer kind the
+# model built, the ceilings it measured), so every recorded run has its floor, and a stage's step time
+# divided by it says how far above the floor the step runs ("x above the floor").
+#
+# What a step must read, per GPU (one token per request, C requests):
+# - every dense weight of every layer once (attention, compressor, indexer, mHC, router, shared expert),
+#   and the lm_head; the embedding only at C rows (left out: kilobytes);
+# - the routed experts the batch touches: each request picks ``active_experts`` of ``experts``, uniformly
+#   at random here, so a GPU's ``local_experts`` are touched 1 - (1 - k/E)^C of the time (expected);
+# - per request and layer, the KV cache rows its attention reads (the window, and on compressed layers
+#   the top-k rows or, at ratio 128, every compressed row), and on ratio-4 layers the indexer's key rows
+#   of the live compressed context (the work S4's indexer pays for).
+# Writes (the new token's cache rows, activations) are kilobytes and left out.
+
+BF16_BYTES = 2
+
+
+def _layer_counts(cfg: dict) -> dict:
+    return {"c0": cfg["layers_window"], "c4": cfg["layers_c4"], "c128": cfg["layers_c128"]}
+
+
+def experts_touched(cfg: dict, C: int) -> float:
+    """Expected routed experts of this GPU that C requests touch in one layer (uniform routing)."""
+    miss = 1.0 - cfg["active_experts"] / cfg["experts"]
+    return cfg["local_experts"] * (1.0 - miss ** C)
+
+
+def kv_rows(cfg: dict) -> dict:
+    """KV-cache rows one request's attention reads per layer kind, and index-key rows per ratio-4 layer."""
+    live = cfg["live_context"]
+    return {"c0": min(cfg["window"], live),
+            "c4": min(cfg["window"], live) + min(cfg["index_topk"], live // 4),
+            "c128": min(cfg["window"], live) + live // 128,
+            "index_c4": live // 4}
+
+
+def step_bytes(record: dict, C: int) -> dict:
+    """Bytes one step must read for C requests, by part (see the module's docstring)."""
+    cfg, wb = record["config"], record["weight_bytes"]
+    counts = _layer_counts(cfg)
+    rows = kv_rows(cfg)
+    head = cfg["local_vocab"] * cfg["hidden"] * BF16_BYTES
+    dense = sum(counts[k] * wb[k]["dense"] for k in counts) + head
+    experts = sum(counts[k] * wb[k]["per_expert"] for k in counts) * experts_touched(cfg, C)
+    kv = C * TOKEN_BYTES * sum(counts[k] * rows[k] for k in counts)
+    index = C * INDEX_TOKEN_BYTES * counts["c4"] * rows["index_c4"]
+    return dict(dense_weights=dense, routed_experts=experts, kv_cache=kv, index_keys=index,
+                total=dense + experts + kv + index)
+
+
+def step_flops(record: dict, C: int) -> float:
+    """Multiply-adds x 2 of the step's weight GEMMs for C requests (each weight byte of bf16 is half a
+    parameter; the stand-in experts' bytes count FP4's, so their FLOPs use the bf16 parameters they
+    stand for: bytes x 8 / bits). Attention's own FLOPs are a few percent and left out."""
+    cfg, wb = record["config"], record["weight_bytes"]
+    counts = _layer_counts(cfg)
+    dense_params = (sum(counts[k] * wb[k]["dense"] for k in counts)
+                    + cfg["local_vocab"] * cfg["hidden"] * BF16_BYTES) / BF16_BYTES
+    expert_params = sum(counts[k] * wb[k]["per_expert"] for k in counts) * 8 / cfg["moe_weight_bits"]
+    per_request_experts = cfg["active_experts"] * cfg["local_experts"] / cfg["experts"]
+    return 2.0 * C * (dense_params + expert_params * per_request_experts)
+
+
+def step_floor(record: dict) -> dict:
+    """The floor per C of a replay: bytes, ms at its copy bandwidth, FLOPs and ms at its bf16 rate, and
+    the floor (the larger). ``record``: reproduce.json's dict (or the replay's results while it runs).
+    A run without measured ceilings (the interpreter's) gets the bytes and FLOPs, and no ms."""
+    ceil = record.get("ceilings")
+    if ceil is None:
+        raise ValueError("record has no 'ceilings' (the copy bandwidth and bf16 rate it measured): replays "
+                         "recorded before the ceilings were measured have no floor")
+    rows = []
+    for C in record["concurrency"]:
+        b, f = step_bytes(record, C), step_flops(record, C)
+        byte_ms = _ms(b["total"], ceil.get("copy_tb_s"))
+        flop_ms = _ms(f, ceil.get("bf16_tflops"))
+        rows.append(dict(C=C, **{f"{k}_bytes": v for k, v in b.items()}, flops=f, byte_ms=byte_ms,
+                         flop_ms=flop_ms, floor_ms=None if byte_ms is None else max(byte_ms, flop_ms or 0.0)))
+    return dict(how="bytes a step must read at the measured copy bandwidth; FLOPs of its weight GEMMs at the "
+                    "measured bf16 rate; the floor is the larger (dsv4lab.roofline.step_floor)",
+                copy_tb_s=ceil["copy_tb_s"], bf16_tflops=ceil["bf16_tflops"], rows=rows)
+
+
+def _ms(amount: float, tera_per_s: float | None) -> float | None:
+    return None if not tera_per_s else amount / (tera_per_s * 1e12) * 1e3
+
+
+def above_floor(record: dict) -> list[dict]:
+    """Each stage's step time per C over its floor: how many times above the floor the step runs."""
+    floor = {r["C"]: r["floor_ms"] for r in (record.get("byte_floor") or step_floor(record))["rows"]
+             if r["floor_ms"]}
+    out = []
+    for name, s in record.get("stages", {}).items():
+        for t in s["steps"]:
+            if t.get("step_ms") and t["C"] in floor:
+                out.append(dict(stage=name, C=t["C"], step_ms=t["step_ms"], floor_ms=floor[t["C"]],
+                                x_above_floor=t["step_ms"] / floor[t["C"]]))
+    return out

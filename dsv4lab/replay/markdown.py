@@ -86,6 +86,8 @@ def tables_markdown(results: dict, quick: bool) -> str:
            "", "## Isolated decode calls (one call per CUDA graph)", "", _md(results.get("isolated_decode", [])),
            "", f"## S0's glue vs the number of ratio-4 layers (C = {gs.get('C')})", "", _md(gs.get("rows", [])),
            "", _md([gs["fit"]]) if gs.get("fit") else "",
+           "", "## The step's floor (bytes it must read, FLOPs of its weight GEMMs; dsv4lab.roofline.step_floor)", "",
+           _md(results.get("byte_floor", {}).get("rows", []), ".4g"), "", _md(t["above_floor"], ".4g"),
            "", "## The story beside this run", "", STORY_SETUP, "", _md(t["story"]),
            "", "## C = 1: programs against SMs, per layer kind (each call alone at B = 1; then the step)", "", _md(t["c1"]),
            "", "## From the story's numbers to this run's: the bridge", ""] + bridge_markdown(results.get("factors", {})) + [

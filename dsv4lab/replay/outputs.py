@@ -39,7 +39,8 @@ def write_outputs(out: Path, results: dict, quick: bool):
              "isolated_decode.csv": results.get("isolated_decode", []),
              "c1.csv": t["c1"], "factors.csv": [dict(part=part, **r) for part in ("step", "c1")
                                                 for r in results.get("factors", {}).get(part, {}).get("factors", [])],
-             "sensitivity.csv": results.get("sensitivity", {}).get("rows", [])}
+             "sensitivity.csv": results.get("sensitivity", {}).get("rows", []),
+             "floor.csv": results.get("byte_floor", {}).get("rows", []), "above_floor.csv": t["above_floor"]}
     files["tables.md"].write_text(tables_markdown(results, quick))
     write_figures(results, files["profile_shift.png"], files["throughput.png"])
     # reproduce.json last but the tar: it names every other file with its hash (run_folder.verify)

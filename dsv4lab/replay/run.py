@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from .. import bench, bridge, run_folder
+from .. import bench, bridge, roofline, run_folder
 from ..device import ceilings, mode
 from ..model import ASSUMPTIONS, CPU_MODEL, DSV4_FLASH_TP8, Model, weight_bytes
 from ..stages import STAGES, stage
@@ -111,6 +111,7 @@ def _run(out: Path, cfg, todo, concurrency, profile_at, scaling_counts, plan, qu
         else:
             results["skipped"].append(dict(part=f"compile lesson {name}", reason=f"budget: {left:.0f} s left"))
     results["ceilings"] = ceilings().as_dict()
+    results["byte_floor"] = roofline.step_floor(results)
     results["factors"] = bridge.factors(results)
     results["sensitivity"] = bridge.sensitivity(results)
     results["elapsed_s"] = deadline.elapsed()

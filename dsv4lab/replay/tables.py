@@ -4,7 +4,7 @@ story-vs-lab builder, dsv4lab.story_vs_lab, on this run) and the C = 1 question
 (results["tables"] keeps them; tables.md and the CSVs print them)."""
 from __future__ import annotations
 
-from .. import profile
+from .. import profile, roofline
 from ..story_vs_lab import story_vs_lab_rows
 from ..stages import STAGES, TRANSITIONS, stage
 from .isolated import isolated_per_step
@@ -98,5 +98,6 @@ def build_tables(results: dict) -> dict:
     results["tables"] = dict(throughput=thr, fits=fits, profile=prof_rows, glue_ops=glue,
                              decode=decode_time_in_step(results), transitions=trans,
                              story=story_vs_lab_rows(results, kernel_run=None),      # no recorded kernel runs
-                             c1=c1_question(results) if results.get("isolated_decode") else [])
+                             c1=c1_question(results) if results.get("isolated_decode") else [],
+                             above_floor=roofline.above_floor(results) if results.get("byte_floor") else [])
     return results["tables"]

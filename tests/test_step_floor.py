@@ -1,11 +1,11 @@
-"""The step's floors (dsv4lab.floor), on the recorded replays and by hand on a small record."""
+"""The decode step's floor (dsv4lab.roofline.step_floor), on the recorded replays and by hand on a small record."""
 import json
 import math
 from pathlib import Path
 
 import pytest
 
-from dsv4lab import floor
+from dsv4lab import roofline as floor
 from dsv4lab.config import INDEX_TOKEN_BYTES, TOKEN_BYTES
 
 RUNS = sorted(Path(__file__).resolve().parents[1].glob("data/runs/*/reproduce/reproduce.json"))
@@ -28,7 +28,7 @@ def test_bytes_by_hand():
     assert b["kv_cache"] == 3 * TOKEN_BYTES * (128 + 2 * (128 + 256) + (128 + 8))
     assert b["index_keys"] == 3 * INDEX_TOKEN_BYTES * 2 * 256
     assert b["total"] == sum(v for k, v in b.items() if k != "total")
-    row = floor.byte_floor(r)["rows"][1]
+    row = floor.step_floor(r)["rows"][1]
     assert row["byte_ms"] == pytest.approx(b["total"] / 1e3) and row["floor_ms"] == max(row["byte_ms"], row["flop_ms"])
 
 
@@ -44,13 +44,16 @@ def test_every_recorded_replay_sits_above_its_floor(path):
     rec = json.loads(path.read_text())
     rows = floor.above_floor(rec)
     assert rows and all(math.isfinite(r["x_above_floor"]) and r["x_above_floor"] > 1 for r in rows)
-    floors = [r["floor_ms"] for r in floor.byte_floor(rec)["rows"]]
+    floors = [r["floor_ms"] for r in floor.step_floor(rec)["rows"]]
     assert floors == sorted(floors)                      # more requests read more
 
 
 def test_a_record_without_measured_ceilings_is_refused_by_name():
     r = _record()
+    r["ceilings"] = dict(copy_tb_s=None, bf16_tflops=None)             # the interpreter's: bytes, no ms
+    row = floor.step_floor(r)["rows"][0]
+    assert row["total_bytes"] > 0 and row["floor_ms"] is None and floor.above_floor(r) == []
     del r["ceilings"]
     with pytest.raises(ValueError, match="ceilings"):
-        floor.byte_floor(r)
+        floor.step_floor(r)
     assert MEASURED, "no recorded replay has measured ceilings"
