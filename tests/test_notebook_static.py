@@ -135,3 +135,50 @@ def test_the_checks_tell_static_views_apart():
     assert not _markdown_is_static_view(v4.new_markdown_cell("## What this leaves\n\nThe next notebook | splits."))
     assert PLOTS.search("fig, ax = plt.subplots()\n") and not PLOTS.search("# plt.show()\nx = 1\n")
     assert FIGURE_REPR.match("<Figure size 1200x400 with 2 Axes>")
+
+
+def _code(name: str) -> str:
+    """Every code cell of a notebook, IPython's magics and shell lines blanked."""
+    nb = nbformat.read(NOTEBOOK_DIR / name, as_version=4)
+    return "\n".join(re.sub(r"^\s*[%!].*$", "", c.source, flags=re.M) for c in nb.cells if c.cell_type == "code")
+
+
+def _names(src: str) -> tuple[set, set, dict]:
+    """(names bound anywhere, names read, module alias -> module path imported from dsv4lab)."""
+    import ast
+    import builtins
+    bound, loads, modules = set(dir(builtins)) | {"get_ipython", "display"}, set(), {}
+    for n in ast.walk(ast.parse(src)):
+        if isinstance(n, (ast.Import, ast.ImportFrom)):
+            for a in n.names:
+                bound.add((a.asname or a.name).split(".")[0])
+                if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("dsv4lab"):
+                    modules[a.asname or a.name] = f"{n.module}.{a.name}"
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(n.name)
+        elif isinstance(n, ast.arg):
+            bound.add(n.arg)
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            bound.add(n.name)
+        elif isinstance(n, ast.Name):
+            (loads if isinstance(n.ctx, ast.Load) else bound).add(n.id)
+    return bound, loads, modules
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_every_name_a_notebook_reads_is_defined(name):
+    """CI executes the CPU branch of each cell; a name read only on a GPU branch (a module not imported,
+    a function that moved) would fail there first. So every name read is bound somewhere in the notebook,
+    and every attribute read off a dsv4lab module exists."""
+    import ast
+    import importlib
+    src = _code(name)
+    bound, loads, modules = _names(src)
+    assert not loads - bound, f"{name} reads names it never defines or imports: {sorted(loads - bound)}"
+    for n in ast.walk(ast.parse(src)):
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in modules:
+            try:
+                mod = importlib.import_module(modules[n.value.id])
+            except ImportError:
+                continue                                  # an attribute imported from a module, not a module
+            assert hasattr(mod, n.attr), f"{name}: {n.value.id}.{n.attr} does not exist ({modules[n.value.id]})"
