@@ -2,7 +2,7 @@
 #   make lab    set up .venv and open the notebooks in JupyterLab
 #   make test   set up .venv, build the site and run pytest (with the JupyterLab and site browser
 #               tests) + nbval over every notebook (CPU mode on a CPU machine)
-#   make site   the lab as a website in _site/ (serve it: python -m http.server -d _site)
+#   make site   the lab as a website in site/_build/html/ (serve it: python -m http.server -d site/_build/html)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -16,7 +16,8 @@ STAMP  := $(VENV)/.installed
 CHROMIUM  := /usr/bin/chromium
 ARTIFACTS := test-artifacts
 # The website (site/conf.py): Sphinx + MyST-NB over the committed notebooks, README.md and docs/.
-SITE      := _site
+# MyST-NB puts its image files beside the HTML folder, so everything goes under site/_build/.
+SITE      := site/_build/html
 
 .PHONY: lab test install versions clean chromium reproduce site
 
@@ -56,8 +57,8 @@ chromium:
 # written from notebooks/ and data/runs/). Warnings are errors: a broken link, a missing image, a notebook
 # outside the site's table of contents fail the build. About 10 s on 2 cores.
 site: $(STAMP)
-	rm -rf $(SITE)
-	$(BIN)/python -m sphinx -b html -c site -E -d build/site-doctrees -W --keep-going -n -q . $(SITE)
+	rm -rf site/_build
+	$(BIN)/python -m sphinx -b html -c site -E -d site/_build/doctrees -W --keep-going -n -q . $(SITE)
 	@echo "site: $(CURDIR)/$(SITE)/index.html (serve it: $(BIN)/python -m http.server -d $(SITE))"
 
 test: $(STAMP) chromium site
@@ -74,4 +75,4 @@ reproduce: $(STAMP)
 	$(BIN)/python -m dsv4lab reproduce --out $(REPRODUCE_OUT) $(REPRODUCE_ARGS)
 
 clean:
-	rm -rf $(VENV) $(SITE) build/site-doctrees
+	rm -rf $(VENV) site/_build

@@ -1,6 +1,6 @@
 """Sphinx configuration of the lab's website (`make site`).
 
-The source directory is the repository root (`sphinx-build -c site . _site`), so the executed
+The source directory is the repository root (`sphinx-build -c site . site/_build/html`), so the executed
 notebooks in notebooks/, docs/*.md and README.md are read where they live, never copied; this folder
 holds only this file, the landing page (index.md) and the site's hooks (dsv4site.py). MyST-NB renders
 the notebooks' saved outputs as they are (no execution: they are real runs).
@@ -17,7 +17,7 @@ extensions = ["myst_nb", "dsv4site"]
 root_doc = "site/index"
 # Only these are pages; everything else under the root (the package, data, .venv) is not scanned.
 include_patterns = ["site/index.md", "README.md", "docs/*.md", "notebooks/*.ipynb"]
-exclude_patterns = [".*", "_site", "build", "dsv4lab", "experiments", "tests", "tools", "data", "reproduce",
+exclude_patterns = [".*", "site/_build", "build", "dsv4lab", "experiments", "tests", "tools", "data", "reproduce",
                     "test-artifacts", "**/.ipynb_checkpoints"]
 
 # --- notebooks -------------------------------------------------------------------------------------

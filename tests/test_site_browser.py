@@ -1,4 +1,4 @@
-"""The lab as a website: the site `make site` built (in _site/), walked in headless Chromium.
+"""The lab as a website: the site `make site` built (in site/_build/html/), walked in headless Chromium.
 
 The built folder is served by `python -m http.server` on a free loopback port, as the README says to
 serve it. The test opens the landing page, follows its links to the notebook pages and requires one
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
 import lab_server  # noqa: E402  (free_port)
 
-SITE = REPO / "_site"
+SITE = REPO / "site" / "_build" / "html"
 LANDING = "site/index.html"
 SHOT_NOTEBOOK = "02_head_batched_mma"  # the notebook page whose screenshot goes with the landing page's
 SERVER_START_S = 30
