@@ -8,17 +8,18 @@ the notebooks' saved outputs as they are (no execution: they are real runs).
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+SITE = Path(__file__).resolve().parent
+sys.path.insert(0, str(SITE))
 
 project = "dsv4lab"
 
 extensions = ["myst_nb", "dsv4site"]
 
 root_doc = "site/index"
-# Only these are pages; everything else under the root (the package, data, .venv) is not scanned.
+# Only these are pages; every other entry of the root (the package, data/, .venv, ...) is not even scanned.
 include_patterns = ["site/index.md", "README.md", "docs/*.md", "notebooks/*.ipynb"]
-exclude_patterns = [".*", "site/_build", "build", "dsv4lab", "experiments", "tests", "tools", "data", "reproduce",
-                    "test-artifacts", "**/.ipynb_checkpoints"]
+exclude_patterns = sorted(p.name for p in SITE.parent.iterdir() if p.name not in {"site", "notebooks", "docs", "README.md"}) \
+    + ["site/_build", "**/.ipynb_checkpoints"]
 
 # --- notebooks -------------------------------------------------------------------------------------
 nb_execution_mode = "off"          # the committed outputs are the lab's real runs
@@ -42,5 +43,4 @@ html_theme_options = {
     "footer_content_items": [],
 }
 html_show_sourcelink = False
-html_last_updated_fmt = None
 pygments_style = "default"
