@@ -46,8 +46,9 @@ def _md_cell(text: str, cell_id: str) -> dict:
 
 
 def _header(stem: str, widgets: int) -> str:
-    live = (f" Its {'widget runs' if widgets == 1 else f'{widgets} widgets run'} live in JupyterLab only; the page "
-            "shows the static figure or table that follows each." if widgets else "")
+    live = ("" if not widgets else " Its widget runs live in JupyterLab only; the page shows the static figure or "
+            "table that follows it." if widgets == 1 else f" Its {widgets} widgets run live in JupyterLab only; the "
+            "page shows the static figure or table that follows each.")
     return (f":::{{admonition}} Notebook `notebooks/{stem}.ipynb`\n:class: dsv4lab-run\n\n"
             f"The outputs are the committed notebook's own, from a real run, shown as saved.{live}\n\n"
             f"- source: {{download}}`{stem}.ipynb`\n"
