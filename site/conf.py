@@ -13,7 +13,8 @@ sys.path.insert(0, str(SITE))
 
 project = "dsv4lab"
 
-extensions = ["myst_nb", "dsv4site"]
+# sphinx-mathjax-offline: MathJax served from the site itself, so math renders without a network
+extensions = ["myst_nb", "sphinx-mathjax-offline", "dsv4site"]
 
 root_doc = "site/index"
 # Only these are pages; every other entry of the root (the package, data/, .venv, ...) is not even scanned.
