@@ -1,7 +1,8 @@
 # Two commands on a fresh machine (Python 3.11+):
 #   make lab    set up .venv and open the notebooks in JupyterLab
-#   make test   set up .venv and run pytest (with the JupyterLab browser test) + nbval over every
-#               notebook (CPU mode on a CPU machine)
+#   make test   set up .venv, build the site and run pytest (with the JupyterLab and site browser
+#               tests) + nbval over every notebook (CPU mode on a CPU machine)
+#   make site   the lab as a website in site/_build/html/ (serve it: python -m http.server -d site/_build/html)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -14,14 +15,17 @@ STAMP  := $(VENV)/.installed
 # The browser test (tests/test_lab_browser.py) drives Debian's Chromium through Playwright.
 CHROMIUM  := /usr/bin/chromium
 ARTIFACTS := test-artifacts
+# The website (site/conf.py): Sphinx + MyST-NB over the committed notebooks, README.md and docs/.
+# MyST-NB puts its image files beside the HTML folder, so everything goes under site/_build/.
+SITE      := site/_build/html
 
-.PHONY: lab test install versions clean chromium reproduce
+.PHONY: lab test install versions clean chromium reproduce site
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[lab,test]"
+	$(BIN)/python -m pip install -q -e ".[lab,test,site]"
 	$(BIN)/python -m pip install -q --no-deps "$(SGLANG)"
 	$(BIN)/python -m ipykernel install --sys-prefix --name dsv4lab --display-name "Python (dsv4lab)" >/dev/null
 	$(BIN)/python -m pip freeze > $(VENV)/versions.txt
@@ -30,7 +34,7 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 versions: $(STAMP)
-	@grep -iE '^(torch|triton|numpy|jupyterlab|jupyterlab_widgets|nbval|ipywidgets|pandas|matplotlib|sglang|pytest|playwright)==' $(VENV)/versions.txt
+	@grep -iE '^(torch|triton|numpy|jupyterlab|jupyterlab_widgets|nbval|ipywidgets|pandas|matplotlib|sglang|pytest|playwright|sphinx|myst-nb|sphinx-book-theme)==' $(VENV)/versions.txt
 
 # JupyterLab on 127.0.0.1 (a free port, a fresh token), notebooks/ open; prints the URL to open.
 lab: $(STAMP)
@@ -49,7 +53,15 @@ chromium:
 	    echo "make test needs Chromium at $(CHROMIUM) for its browser test: sudo apt-get install -y chromium"; exit 1; \
 	  fi; }
 
-test: $(STAMP) chromium
+# The notebooks' saved outputs as pages (never re-executed), from scratch each time (the landing page is
+# written from notebooks/ and data/runs/). Warnings are errors: a broken link, a missing image, a notebook
+# outside the site's table of contents fail the build. About 10 s on 2 cores.
+site: $(STAMP)
+	rm -rf site/_build
+	$(BIN)/python -m sphinx -b html -c site -E -d site/_build/doctrees -W --keep-going -n -q . $(SITE)
+	@echo "site: $(CURDIR)/$(SITE)/index.html (serve it: $(BIN)/python -m http.server -d $(SITE))"
+
+test: $(STAMP) chromium site
 	@$(MAKE) --no-print-directory versions
 	@echo "browser test screenshots: $(CURDIR)/$(ARTIFACTS)/browser/"
 	$(BIN)/python -m pytest tests/ -q
@@ -63,4 +75,4 @@ reproduce: $(STAMP)
 	$(BIN)/python -m dsv4lab reproduce --out $(REPRODUCE_OUT) $(REPRODUCE_ARGS)
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) site/_build

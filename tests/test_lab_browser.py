@@ -31,11 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
 import lab_server  # noqa: E402
 
-ARTIFACTS = REPO / "test-artifacts" / "browser"
-CHROMIUM = "/usr/bin/chromium"
-# Offline, quiet, no profile of its own (Playwright gives each launch a fresh --user-data-dir).
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+ARTIFACTS = REPO / "test-artifacts" / "browser"  # the `artifacts` fixture (conftest.py) clears it
 # Notebooks to run in the browser (glob on notebooks/) and each one's time budget in seconds: opening,
 # running every cell, saving and turning every widget knob. CPU run times here: 00 ~5 s, 02 ~30 s, 03 ~15 s.
 NOTEBOOKS = {"00_*.ipynb": 300, "02_*.ipynb": 300, "03_*.ipynb": 300, "06a_*.ipynb": 300, "07_*.ipynb": 300}
@@ -86,13 +82,6 @@ def _settings(folder: Path):
 
 
 @pytest.fixture(scope="session")
-def artifacts():
-    shutil.rmtree(ARTIFACTS, ignore_errors=True)
-    ARTIFACTS.mkdir(parents=True)
-    return ARTIFACTS
-
-
-@pytest.fixture(scope="session")
 def lab(tmp_path_factory, artifacts):
     """JupyterLab on a copy of notebooks/ (saving never touches the repository), stopped at the end."""
     tmp = tmp_path_factory.mktemp("lab")
@@ -120,26 +109,6 @@ def lab(tmp_path_factory, artifacts):
         yield lab
     finally:
         lab_server.stop(proc)
-
-
-@pytest.fixture(scope="session")
-def browser():
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.fail(f"no Chromium at {CHROMIUM}: install it with `apt-get install -y chromium` "
-                    "(Debian/Ubuntu; `make chromium` does this as root)", pytrace=False)
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        sync_playwright = None
-    if sync_playwright is None:
-        pytest.fail("Playwright for Python is missing: pip install -e '.[test]' (or pip install playwright)",
-                    pytrace=False)
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 # --- reading the page ------------------------------------------------------------------------------
