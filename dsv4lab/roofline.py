@@ -46,7 +46,7 @@ def indexer_step_bytes(B, live, Hi=64, Di=INDEX_DIM, k=512, q_bytes=2) -> int:
 
 
 def indexer_torch_steps(B, max_seq_len, Hi=64, Di=INDEX_DIM, gemm_bytes=2, page=PAGE_SIZE) -> list[dict]:
-    """Stage 4's torch fallback, kernel by kernel, over the max context (every page of
+    """S0-S3's torch fallback, kernel by kernel, over the max context (every page of
     ceil(max_seq_len / 64), live or not): bytes read and written and FLOPs of each step as
     SGLang runs them (indexer_gemm.logits_torch). ``gemm_bytes``: 2 for the bf16 bmm, 4 for fp32."""
     L = -(-max_seq_len // page) * page

@@ -12,10 +12,10 @@ from dataclasses import replace
 import torch
 import triton
 
-from . import bench, reference
+from . import bench
 from .kernels.decode import head_batched, split_k
 from .kernels.decode.planning import TileConfig, launch_for
-from .testing import make_decode_inputs, poisoned, rel_err
+from .testing import check_decode, make_decode_inputs
 
 #: (BLOCK_H, BLOCK_N, warps, stages, loop[, dequant, fold the scale]): configs the offline compiler
 #: report (dsv4lab.compile_report, sm_90a) shows with no or few spills; the rest spill kilobytes per
@@ -48,16 +48,14 @@ def tile_sweep(candidates=TILE_CANDIDATES, batches=(1, 8, 32, 128), H=64, K=512,
     rows = []
     inputs = {B: make_decode_inputs(B, H, K, context=context, seed=100 + B) for B in batches}
     chk = make_decode_inputs(4, H, K, context=1024, topk_len=True, sink=True, pad_frac=0.1, seed=5)
-    ro, rl = reference.sparse_decode(chk.q, chk.cache, chk.indices, sm_scale=512**-0.5, **chk.kwargs())
     for spec in candidates:
         cfg = candidate(spec)
         opts = launch_for(cfg)
         row = opts.as_dict()
         try:
-            with poisoned():
-                out, lse = head_batched.sparse_decode_mma(chk.q, chk.cache, chk.indices, sm_scale=512**-0.5,
-                                                          opts=opts, **chk.kwargs())
-            row.update(out_err=rel_err(out.float(), ro), lse_err=rel_err(lse, rl), tiles=triton.cdiv(K, cfg.block_n))
+            out_err, lse_err = check_decode(lambda i: head_batched.sparse_decode_mma(
+                i.q, i.cache, i.indices, sm_scale=512**-0.5, opts=opts, **i.kwargs()), chk)
+            row.update(out_err=out_err, lse_err=lse_err, tiles=triton.cdiv(K, cfg.block_n))
             for B, inp in inputs.items():
                 fn = lambda: head_batched.sparse_decode_mma(inp.q, inp.cache, inp.indices, sm_scale=512**-0.5,  # noqa: E731
                                                             topk_len=None, attn_sink=None, opts=opts)

@@ -49,12 +49,8 @@ def occupancy(programs: int, sms: int) -> str:
 
 def checked(run, inp) -> dict:
     """``run(inp)`` -> (out, lse) with outputs poisoned (NaN) first, against the float64 reference."""
-    from .. import reference
-    from ..testing import LSE_TOL, OUT_TOL, poisoned, rel_err
-    with poisoned():
-        out, lse = run(inp)
-    ro, rl = reference.sparse_decode(inp.q, inp.cache, inp.indices, sm_scale=512 ** -0.5, **inp.kwargs())
-    e_out, e_lse = rel_err(out.float(), ro), rel_err(lse, rl)
+    from ..testing import LSE_TOL, OUT_TOL, check_decode
+    e_out, e_lse = check_decode(run, inp)
     return dict(out_err=e_out, lse_err=e_lse, ok=e_out <= OUT_TOL and e_lse <= LSE_TOL)
 
 
@@ -72,10 +68,9 @@ def live_check(impl: str, B: int, H: int, K: int, block_h: int | None = None) ->
     of out and lse against the float64 reference, and whether they are within the tolerances.
     ``block_h`` (the story's kernel, stage S1's decode impl, only): its heads per program, instead of
     its BLOCK_H = 32. Returns {"error": message} when the impl cannot run here (no sglang wheel)."""
-    from .. import reference
     from ..kernels.decode import head_batched, sglang_peer
     from ..kernels.decode.planning import STORY_TILES
-    from ..testing import LSE_TOL, OUT_TOL, check_decode, make_decode_inputs, poisoned, rel_err
+    from ..testing import LSE_TOL, OUT_TOL, check_decode, make_decode_inputs
     story = stage("S1").decode_impl
     if block_h is not None and impl != story:
         raise ValueError(f"block_h applies to impl {story!r} only, got impl {impl!r}")
@@ -85,11 +80,8 @@ def live_check(impl: str, B: int, H: int, K: int, block_h: int | None = None) ->
             out_err, lse_err = check_decode(impl, inp)
         else:
             tiles = dataclasses.replace(STORY_TILES, block_h=block_h)
-            with poisoned():
-                out, lse = head_batched.sparse_decode_story(inp.q, inp.cache, inp.indices, topk_len=None,
-                                                            sm_scale=512 ** -0.5, attn_sink=None, tiles=tiles)
-            ref_out, ref_lse = reference.sparse_decode(inp.q, inp.cache, inp.indices)
-            out_err, lse_err = rel_err(out.float(), ref_out.float()), rel_err(lse, ref_lse)
+            out_err, lse_err = check_decode(lambda i: head_batched.sparse_decode_story(
+                i.q, i.cache, i.indices, sm_scale=512 ** -0.5, tiles=tiles, **i.kwargs()), inp)
     except sglang_peer.SGLangMissing as e:
         return {"error": str(e)}
     return {"out_err": out_err, "lse_err": lse_err, "ok": out_err <= OUT_TOL and lse_err <= LSE_TOL}

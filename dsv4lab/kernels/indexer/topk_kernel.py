@@ -264,7 +264,7 @@ def _topk_kernel(X, SEQ, OUT, AUX, PT, ERR, FINAL, CNT, MAXK, width, k, stride_x
     holds for them. ROLE 3 (S = SPLIT): role 1, then the row's last chunk to finish (a ticket from
     the row's counter CNT[b]) runs role 2 on the row's candidates into FINAL, in tiles of
     MERGE_TILE, anchored at the largest of the chunks' largest keys (MAXK [B, S]).
-    GUARD (stages 0, 1, 3): seq_lens[b] is checked and cut as the indexer's contract says
+    GUARD (roles 0, 1 and 3): seq_lens[b] is checked and cut as the indexer's contract says
     (rows.live_length) and flagged in the error word ERR. SHARED_HIST: the refining passes count
     by shared-memory atomics (``TopkLaunch.histogram``)."""
     b = tl.program_id(0).to(tl.int64)
