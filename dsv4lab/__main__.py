@@ -70,8 +70,9 @@ def _readme(args):
     from . import report
     stale = report.sync_readme(write=not args.check)
     if args.check and stale:
-        raise SystemExit(f"README.md tables differ from data/: {', '.join(stale)} (run: python -m dsv4lab readme)")
-    print("README.md: " + (f"rewrote {', '.join(stale)}" if stale else "every table matches data/"))
+        raise SystemExit(f"README.md / docs/*.md tables differ from data/: {', '.join(stale)} "
+                         "(run: python -m dsv4lab readme)")
+    print("README.md and docs/*.md: " + (f"rewrote {', '.join(stale)}" if stale else "every table matches data/"))
 
 
 def main(argv=None):
@@ -111,7 +112,8 @@ def main(argv=None):
                      help="the layer mix (default 2 21 20; the CPU preset 1 1 1)")
     prp.add_argument("--live-context", type=int, help="tokens each request holds (default 8192)")
     prp.set_defaults(fn=lambda a: __import__("dsv4lab.replay", fromlist=["cli"]).cli(a))
-    prm = sub.add_parser("readme", help="rewrite README.md's measured tables from data/ (--check: only compare)")
+    prm = sub.add_parser("readme", help="rewrite the measured tables of README.md and the docs pages (docs/*.md) from data/ "
+                                        "(--check: only compare)")
     prm.add_argument("--check", action="store_true", help="exit 1 if a table differs from the data")
     prm.set_defaults(fn=_readme)
     args = p.parse_args(argv)

@@ -1,10 +1,10 @@
 """Bad input and what it gets: every kind of unusual or wrong argument the lab has been tried with,
-as data, and the README table rendered from it.
+as data, and the table of docs/bad_input.md rendered from it.
 
 Each :class:`Case` names a public entry point, the bad input, the mode it runs in (``checks=``,
 see dsv4lab.contracts) and what the caller gets: an exception whose message contains ``says``, or an
 answer (``gets``), checked by the case itself (the calls and their checks are dsv4lab.bad_input_calls).
-``tests/test_bad_input.py`` runs every case and checks that README.md's section equals :func:`render`,
+``tests/test_bad_input.py`` runs every case and checks that docs/bad_input.md's block equals :func:`render`,
 so the table cannot go stale (``python -m dsv4lab readme`` rewrites it). Shapes are tiny: the whole
 table runs in seconds through Triton's CPU interpreter.
 """
@@ -292,7 +292,7 @@ CASES: list[Case] = [
 
 
 def render() -> str:
-    """The README's table of :data:`CASES`."""
+    """docs/bad_input.md's table of :data:`CASES`."""
     lines = ["| # | entry point | bad input | checks | what it gets |", "|---|---|---|---|---|"]
     for i, c in enumerate(CASES, 1):
         cells = [str(i), f"`{c.entry}`", c.bad, c.checks, c.outcome()]

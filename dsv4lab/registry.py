@@ -5,7 +5,7 @@ that defines it; ``impl=`` of the op names it. Everything the lab's tools need t
 is a field or a tag of its :class:`Impl`: the campaign stage it stands for (the replay's stage
 names), its launch description, the heads that share one read of the cache, whether it captures in
 a CUDA graph, whether it runs in this process, whether the recorded run times it. The bench, the
-recorded checks, ``record``, the README's tables, the CLI, the widgets and the tests ask
+recorded checks, ``record``, the measured tables (docs/measured.md), the CLI, the widgets and the tests ask
 :func:`registered` / :func:`impls` (by tag) and :func:`impl_info`; none of them switches on a name.
 
 Registration wraps the function in its op's guard (kernels/guards.py: empty batches, strided views,

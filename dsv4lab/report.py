@@ -1,9 +1,10 @@
-"""The README's measured tables, rendered from the recorded data so the text cannot drift. The story's
-figures beside the lab's own are built in dsv4lab.story_vs_lab; notebooks 07, 07a and 08 read its names here.
+"""The measured tables of the README and the docs pages, rendered from the recorded data so the text
+cannot drift. The story's figures beside the lab's own are built in dsv4lab.story_vs_lab; notebooks 07,
+07a and 08 read its names here.
 
-Each table lives in README.md between ``<!-- dsv4lab:NAME -->`` and ``<!-- /dsv4lab:NAME -->``;
-``python -m dsv4lab readme`` rewrites those blocks from data/, ``--check`` exits 1 if any
-differs (a test runs the check).
+Each table lives in README.md or a page of docs/ between ``<!-- dsv4lab:NAME -->`` and
+``<!-- /dsv4lab:NAME -->``; ``python -m dsv4lab readme`` rewrites those blocks from data/ wherever they
+are, ``--check`` exits 1 if any differs (a test runs the check).
 """
 from __future__ import annotations
 
@@ -170,23 +171,44 @@ def bad_input_table() -> str:
     return bad_input.render()
 
 
+def recorded_devices() -> str:
+    """One line per recorded run under data/runs/: the kernel runs and the replays, device and date."""
+    lines = [f"- `data/runs/{run}/`: the kernel runs (`python -m dsv4lab record`) on one "
+             f"{runs.load('device', run)['device']['name']}, {runs.load('device', run)['date'][:10]}"
+             for run in runs.available()]
+    for run in runs.replays():
+        env = runs.replay(run)["environment"]
+        lines.append(f"- `data/runs/{run}/reproduce/`: the campaign replay (`python -m dsv4lab reproduce`) on one "
+                     f"{env['device']['name']}, {env['date'][:10]}")
+    return "\n".join(lines)
+
+
 SECTIONS = {"decode-run": lambda: run_line("decode"), "decode-table": decode_run_table,
             "indexer-run": lambda: run_line("indexer"), "indexer-table": indexer_table,
             "indexer-step": indexer_step_targets,
             "story-vs-lab": lambda: story_vs_lab_markdown(),
             "replay-run": replay_run_line, "replay-throughput": replay_throughput_table,
-            "replay-shift": replay_shift_table, "replay-devices": replay_devices_table, "bad-input": bad_input_table}
+            "replay-shift": replay_shift_table, "replay-devices": replay_devices_table, "bad-input": bad_input_table,
+            "recorded-devices": recorded_devices}
 
 
 def render(name: str) -> str:
     return SECTIONS[name]()
 
 
+def pages() -> list[Path]:
+    """The files whose marked blocks the renderer keeps: README.md and every page of docs/."""
+    root = runs.data_dir().parent
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+BLOCK = re.compile(r"<!-- dsv4lab:([\w-]+) -->\n(.*?)<!-- /dsv4lab:\1 -->", re.S)
+
+
 def sync_readme(path=None, write: bool = True) -> list[str]:
-    """Rewrite (or, write=False, compare) every marked block of README.md; returns the names
-    of the blocks that differed."""
-    path = Path(path or runs.data_dir().parent / "README.md")
-    text = path.read_text()
+    """Rewrite (or, write=False, compare) every marked block of README.md and the docs pages (or of
+    ``path``: one file or a list of files); returns the names of the blocks that differed."""
+    paths = pages() if path is None else [Path(p) for p in ([path] if isinstance(path, (str, Path)) else path)]
     stale = []
 
     def fill(m):
@@ -195,7 +217,9 @@ def sync_readme(path=None, write: bool = True) -> list[str]:
         if m.group(2).strip() != body.strip():
             stale.append(name)
         return f"<!-- dsv4lab:{name} -->\n{body}\n<!-- /dsv4lab:{name} -->"
-    new = re.sub(r"<!-- dsv4lab:([\w-]+) -->\n(.*?)<!-- /dsv4lab:\1 -->", fill, text, flags=re.S)
-    if write and new != text:
-        path.write_text(new)
+    for p in paths:
+        text = p.read_text()
+        new = BLOCK.sub(fill, text)
+        if write and new != text:
+            p.write_text(new)
     return stale

@@ -183,7 +183,7 @@ def latest_experiment(question: str, prefix: str = "") -> str:
     return max(names, key=lambda n: (str(experiment(question, n).get("date", "")), n))
 
 
-#: the recorded replay the README and notebooks 06-07 read: the newest, with every step of the current
+#: the recorded replay docs/replay.md and notebooks 06-07 read: the newest, with every step of the current
 #: stage table (the H200's predates S1's walk of the whole padded row: it prints its own definitions)
 REPLAY_RUN = "h100"
 #: the recorded kernel runs (decode, checks, indexer: ``python -m dsv4lab record``)

@@ -1,6 +1,6 @@
 """The story's published figures beside the lab's own: the one builder of that table,
 :func:`story_vs_lab_rows`, for a recorded replay with the recorded kernel runs (:func:`story_vs_lab_table`:
-the README's block through dsv4lab.report, notebooks 07 and 07a) and for the replay's own run
+docs/story_vs_lab.md's block through dsv4lab.report, notebooks 07 and 07a) and for the replay's own run
 (story_vs_here.csv, dsv4lab.replay.tables). The story's numbers are never mixed into the lab's.
 """
 from __future__ import annotations
@@ -336,7 +336,7 @@ STORY_VS_LAB_COLUMNS = ("figure", "story", "lab", "why they differ", "beyond the
 
 def story_vs_lab_markdown(run: str = runs.REPLAY_RUN, columns=STORY_VS_LAB_COLUMNS,
                          kernel_run: str = runs.KERNEL_RUN) -> str:
-    """:func:`story_vs_lab_table`'s ``columns`` as a markdown table (the README's block)."""
+    """:func:`story_vs_lab_table`'s ``columns`` as a markdown table (docs/story_vs_lab.md's block)."""
     df = story_vs_lab_table(run, kernel_run)
     cols = list(columns)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]

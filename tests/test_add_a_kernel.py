@@ -1,6 +1,6 @@
 """Adding a decode kernel is one new file plus one import line: a kernel registered from a temporary
 module (the import line) runs through the bench, the recorded checks, the record command's impl list,
-the CLI and the README's tables with no other edit to the package."""
+the CLI and the measured tables (docs/measured.md) with no other edit to the package."""
 import importlib.util
 import json
 import shutil
@@ -13,7 +13,7 @@ from dsv4lab import bench, checks, registry, report, roofline, runs
 from dsv4lab.__main__ import _impl
 
 NAME = "tmp_torch_gather"
-#: the new file: README's example kernel, under a name of its own
+#: the new file: docs/api.md's example kernel, under a name of its own
 KERNEL = '''
 import torch
 from dsv4lab.cache import dequant_kv
@@ -91,7 +91,7 @@ def test_the_record_command_times_it(new_kernel, monkeypatch):
 
 
 def test_the_readme_tables_show_it(new_kernel, tmp_path):
-    """A recorded run holding its rows: the README's decode table grows a column for it."""
+    """A recorded run holding its rows: docs/measured.md's decode table grows a column for it."""
     data = tmp_path / "data"
     shutil.copytree(runs.data_dir() / "runs" / "h200", data / "runs" / "h200")
     d = json.loads((data / "runs" / "h200" / "decode.json").read_text())

@@ -1,4 +1,4 @@
-"""Bad input and what it gets: every case of dsv4lab.contracts does what README.md's table says,
+"""Bad input and what it gets: every case of dsv4lab.contracts does what docs/bad_input.md's table says,
 and the table is the rendering of those cases."""
 import pytest
 
@@ -15,7 +15,7 @@ def test_case_gets_what_the_table_says(case):
     assert case.says in str(e.value), f"message: {e.value}"
 
 
-def test_readme_table_is_the_rendering():
+def test_docs_table_is_the_rendering():
     assert len(bad_input.CASES) >= 30
     assert "bad-input" in report.SECTIONS
     assert report.render("bad-input") == bad_input.render()

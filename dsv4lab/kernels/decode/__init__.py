@@ -1,5 +1,5 @@
 """The sparse-MLA decode's kernels, one module per kernel, in the campaign's order (the registry keeps
-it: the recorded run, the README's tables and the CLI list the impls in this order). Importing a module
+it: the recorded run, the measured tables (docs/measured.md) and the CLI list the impls in this order). Importing a module
 registers its impls with dsv4lab.registry; a new kernel is one new module here and one line below."""
 from . import reference  # noqa: F401  (the float64 judge)
 from . import sglang_peer  # noqa: F401  (S0: SGLang's SIMT kernel)
