@@ -43,8 +43,10 @@ def compile_lesson(out_json: str, stage_name: str = "S4", C: int = PROFILE_BATCH
     s = stage(stage_name)
     compiled = list(GLUE) + ([f"{INDEXER_TOPK}[{s.indexer_impl}]"] if indexer else [])
 
+    env = {k: v for k, v in bench.environment().items() if k in ("date", "device", "python", "torch", "triton")}
+
     def save():
-        bench.save(out_json, dict(stage=stage_name, C=C, glue=compiled, torch=torch.__version__, variants=rows))
+        bench.save(out_json, dict(**env, stage=stage_name, C=C, glue=compiled, variants=rows))
 
     m = Model(DSV4_FLASH_TP8)
     inp = m.inputs(C, s.max_context)
