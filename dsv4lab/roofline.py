@@ -170,7 +170,9 @@ BF16_BYTES = 2
 
 
 def _layer_counts(cfg: dict) -> dict:
-    return {"c0": cfg["layers_window"], "c4": cfg["layers_c4"], "c128": cfg["layers_c128"]}
+    """Layers per kind the config has (a kind with none has no weights to read, nor a weight_bytes entry)."""
+    counts = {"c0": cfg["layers_window"], "c4": cfg["layers_c4"], "c128": cfg["layers_c128"]}
+    return {k: n for k, n in counts.items() if n}
 
 
 def experts_touched(cfg: dict, C: int) -> float:
@@ -197,7 +199,7 @@ def step_bytes(record: dict, C: int) -> dict:
     dense = sum(counts[k] * wb[k]["dense"] for k in counts) + head
     experts = sum(counts[k] * wb[k]["per_expert"] for k in counts) * experts_touched(cfg, C)
     kv = C * TOKEN_BYTES * sum(counts[k] * rows[k] for k in counts)
-    index = C * INDEX_TOKEN_BYTES * counts["c4"] * rows["index_c4"]
+    index = C * INDEX_TOKEN_BYTES * counts.get("c4", 0) * rows["index_c4"]
     return dict(dense_weights=dense, routed_experts=experts, kv_cache=kv, index_keys=index,
                 total=dense + experts + kv + index)
 

@@ -57,3 +57,13 @@ def test_a_record_without_measured_ceilings_is_refused_by_name():
     with pytest.raises(ValueError, match="ceilings"):
         floor.step_floor(r)
     assert MEASURED, "no recorded replay has measured ceilings"
+
+
+def test_a_config_without_compressed_layers_has_a_floor():
+    """--layers 1 0 0: no ratio-4 or ratio-128 layer, so no weight bytes recorded for those kinds."""
+    r = _record()
+    r["config"].update(layers_c4=0, layers_c128=0)
+    for kind in ("c4", "c128"):
+        del r["weight_bytes"][kind]
+    b = floor.step_bytes(r, 1)
+    assert b["index_keys"] == 0 and b["dense_weights"] == 1000 + 10 * 8 * 2
