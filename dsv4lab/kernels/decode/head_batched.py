@@ -324,10 +324,11 @@ def mma_launch(B: int, H: int, K: int) -> Launch:
           description="the story's head-batched kernel: SGLang's loop over the whole padded row, BLOCK_H 32 "
                       "(2 programs per request at H=64)")
 def sparse_decode_story(q, cache, indices, *, topk_len, sm_scale, attn_sink, tiles=STORY_TILES,
-                        stop_at_len: bool = False):
+                        stop_at_len: bool = False, kernel=None):
+    """``kernel``: a jitted kernel with _story_kernel's signature to launch instead (notebook 02's own copy)."""
     B, H, _ = q.shape
     args, constexprs, out, lse = decode_call(q, cache, indices, topk_len, attn_sink, sm_scale)
-    _story_kernel[(B, cdiv(H, tiles.block_h))](
+    (kernel or _story_kernel)[(B, cdiv(H, tiles.block_h))](
         *args, **constexprs, BLOCK_H=tiles.block_h, BLOCK_N=tiles.block_n, DOT=dot_dtype(),
         STOP_AT_LEN=stop_at_len, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     return finish(out), lse

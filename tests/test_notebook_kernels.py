@@ -1,0 +1,44 @@
+"""A kernel a notebook defines in a cell, for the reader to edit and rerun, is the package's kernel as
+committed: the cell's function source equals the package function's (trailing whitespace aside), so
+the two cannot drift. Reads the .ipynb files only (nbformat); runs nothing."""
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from dsv4lab.kernels.decode import head_batched
+
+NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+
+#: (notebook, name of the function a cell defines, the package's jitted function)
+CELL_KERNELS = [
+    ("02_head_batched_mma.ipynb", "_story_kernel", head_batched._story_kernel),
+]
+
+
+def _normalized(text: str) -> str:
+    return "\n".join(line.rstrip() for line in text.strip("\n").splitlines())
+
+
+def cell_function_source(notebook: str, name: str) -> str:
+    """The source of the one top-level ``def name`` among the notebook's code cells, decorators included."""
+    found = []
+    for cell in nbformat.read(NOTEBOOK_DIR / notebook, as_version=4).cells:
+        if cell.cell_type != "code" or f"def {name}(" not in cell.source:
+            continue
+        lines = cell.source.splitlines()
+        for node in ast.parse(cell.source).body:
+            if isinstance(node, ast.FunctionDef) and node.name == name:
+                first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                found.append("\n".join(lines[first - 1:node.end_lineno]))
+    assert len(found) == 1, f"{notebook}: {len(found)} cells define {name}"
+    return found[0]
+
+
+@pytest.mark.parametrize("notebook,name,kernel", CELL_KERNELS, ids=[f"{n}:{k}" for n, k, _ in CELL_KERNELS])
+def test_the_cell_kernel_is_the_package_kernel(notebook, name, kernel):
+    assert _normalized(cell_function_source(notebook, name)) == _normalized(inspect.getsource(kernel.fn))
