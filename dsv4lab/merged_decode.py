@@ -72,6 +72,33 @@ def _indices(name, x, B):
     return x
 
 
+def _checked_parts(q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_scale, extra_k_cache,
+                   extra_indices, extra_topk_length, impl, checks, check_ranges):
+    """The arguments checked as flash_mla_sparse_decode documents -> (q [B, H, 512], the per-cache
+    (cache, indices, topk_length, names), the impl's registry entry, the softmax scale)."""
+    q3 = _query(q)
+    if head_dim_v != HEAD_DIM:
+        raise ValueError(f"head_dim_v must be {HEAD_DIM} (K = V in DSv4's MLA), got {head_dim_v!r}")
+    if (extra_k_cache is None) != (extra_indices is None):
+        raise ValueError("extra_k_cache and extra_indices go together: pass both or neither")
+    if extra_k_cache is None and extra_topk_length is not None:
+        raise ValueError("extra_topk_length needs extra_k_cache and extra_indices")
+    refuse_check_ranges(check_ranges)
+    mode = checks_mode(checks)
+    entry = impl_info("sparse_decode", impl)
+    B = q3.shape[0]
+    parts = [(as_kv_cache(k_cache, "k_cache"), _indices("indices", indices, B), topk_length, _NAMES)]
+    if extra_k_cache is not None:
+        parts.append((as_kv_cache(extra_k_cache, "extra_k_cache"), _indices("extra_indices", extra_indices, B),
+                      extra_topk_length, _EXTRA_NAMES))
+    for cache, idx, tlen, names in parts:
+        scale = check_sparse_decode_args(q3, cache, idx, tlen, softmax_scale, None, mode,
+                                         entry.max_scale_byte, names=names, empty_batch_ok=True)
+    if attn_sink is not None:
+        check_sink(attn_sink, q3, mode)
+    return q3, parts, entry, scale
+
+
 def flash_mla_sparse_decode(q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_scale,
                             extra_k_cache=None, extra_indices=None, extra_topk_length=None, *,
                             impl: str = "reference", checks: str | None = None, check_ranges: bool | None = None):
@@ -90,27 +117,10 @@ def flash_mla_sparse_decode(q, k_cache, indices, topk_length, attn_sink, head_di
     The lab's impls merge and apply the sink in float32 and round once; SGLang's (tag "peer")
     rounds as SGLang does (after each cache, the merge and the sink).
     """
-    q3 = _query(q)
-    if head_dim_v != HEAD_DIM:
-        raise ValueError(f"head_dim_v must be {HEAD_DIM} (K = V in DSv4's MLA), got {head_dim_v!r}")
-    if (extra_k_cache is None) != (extra_indices is None):
-        raise ValueError("extra_k_cache and extra_indices go together: pass both or neither")
-    if extra_k_cache is None and extra_topk_length is not None:
-        raise ValueError("extra_topk_length needs extra_k_cache and extra_indices")
-    refuse_check_ranges(check_ranges)
-    mode = checks_mode(checks)
-    entry = impl_info("sparse_decode", impl)
-    fn = entry.fn
-    B = q3.shape[0]
-    parts = [(as_kv_cache(k_cache, "k_cache"), _indices("indices", indices, B), topk_length, _NAMES)]
-    if extra_k_cache is not None:
-        parts.append((as_kv_cache(extra_k_cache, "extra_k_cache"), _indices("extra_indices", extra_indices, B),
-                      extra_topk_length, _EXTRA_NAMES))
-    for cache, idx, tlen, names in parts:
-        scale = check_sparse_decode_args(q3, cache, idx, tlen, softmax_scale, None, mode,
-                                         entry.max_scale_byte, names=names, empty_batch_ok=True)
-    if attn_sink is not None:
-        check_sink(attn_sink, q3, mode)
+    q3, parts, entry, scale = _checked_parts(q, k_cache, indices, topk_length, attn_sink, head_dim_v,
+                                             softmax_scale, extra_k_cache, extra_indices, extra_topk_length,
+                                             impl, checks, check_ranges)
+    fn, B = entry.fn, q3.shape[0]
     H = q3.shape[1]
     if B == 0:
         out = torch.zeros(0, H, HEAD_DIM, dtype=torch.bfloat16, device=q3.device)
@@ -145,3 +155,21 @@ def _sglang(q3, parts, attn_sink, scale):
             q3.unsqueeze(1), cache.k_cache, idx, tlen, None if attn_sink is None else attn_sink.float(),
             HEAD_DIM, scale, None if e_cache is None else e_cache.k_cache, e_idx, e_tlen)
     return out[:, 0], lse[..., 0]
+
+
+def sparse_decode_per_cache(q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_scale,
+                            extra_k_cache=None, extra_indices=None, extra_topk_length=None, *,
+                            impl: str, checks: str | None = None):
+    """flash_mla_sparse_decode's arguments and checks, without the merge and the sink: the per-cache
+    (out [B, H, 512], lse float32 [B, H]) of a lab impl, for a caller that fuses the merge, the sink
+    and what comes after them into one kernel (the step's S5: kernels/step/decode_epilogue.py)."""
+    q3, parts, entry, scale = _checked_parts(q, k_cache, indices, topk_length, attn_sink, head_dim_v,
+                                             softmax_scale, extra_k_cache, extra_indices, extra_topk_length,
+                                             impl, checks, None)
+    if "peer" in entry.tags:
+        raise ValueError(f"impl {impl!r} is a peer: its merge and sink are its own; use flash_mla_sparse_decode")
+    if q3.shape[0] == 0:
+        empty = (torch.zeros(0, q3.shape[1], HEAD_DIM, dtype=torch.bfloat16, device=q3.device),
+                 torch.zeros(0, q3.shape[1], dtype=torch.float32, device=q3.device))
+        return [empty for _ in parts]
+    return [entry.fn(q3, cache, idx, topk_len=tlen, sm_scale=scale, attn_sink=None) for cache, idx, tlen, _ in parts]

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import record_function
 
-from . import step_glue
+from . import step_fused, step_glue
 from .cache import IndexKCache, KVCache, pack_index_k, pack_kv, page_bytes
 from .config import DATA_BYTES, HEAD_DIM, NUM_SCALES, SCALE_BYTES
 from .contracts import check_indexer_args, check_sparse_decode_args
@@ -102,6 +102,21 @@ class LayerWeights:
         self.w2 = _randn(g, (cfg.local_experts, I, D), I ** -0.5, bf, device)
         self.shared_w13 = w(2 * cfg.shared_intermediate, D)
         self.shared_w2 = w(D, cfg.shared_intermediate)
+        # the projections that read the same input, concatenated for S5's single GEMMs; S4's names are
+        # row slices of them (views), so both stages read the same bytes and memory holds them once
+        self._concat("w_y", "wqkv_a", "compressor", "idx_proj", "idx_compressor")
+        self._concat("w_q", "wq_b", "idx_wq_b")
+        self._concat("w_g", "gate", "shared_w13")
+
+    def _concat(self, name: str, *parts: str):
+        parts = [p for p in parts if hasattr(self, p)]
+        whole = torch.cat([getattr(self, p) for p in parts])
+        setattr(self, name, whole)
+        row = 0
+        for p in parts:
+            n = getattr(self, p).shape[0]
+            setattr(self, p, whole[row:row + n])
+            row += n
 
     def hc_fn(self, part: str, dtype: torch.dtype):
         """The mixing weights in the GEMM's dtype (the bf16 copy made once, not per step)."""
@@ -146,6 +161,16 @@ class StepInputs:
     moe_tok: torch.Tensor              # [E, m] int64 token of each (expert, row) of the stand-in
     moe_col: torch.Tensor              # [E, m] int64 which of the token's top-k weights scales it
     moe_valid: torch.Tensor            # [E, m] float32 1 for real rows, 0 for padding
+    moe_rows: torch.Tensor             # [B, s] int64 flat rows e * m + r of each token's real rows, -1 past them
+
+
+def _rows_by_token(tok, valid, B: int) -> torch.Tensor:
+    """[E, m] token of each stand-in row (and whether it is real) -> [B, s] int64: the flat rows
+    e * m + r of each token's real rows in order, -1 past them (S5's deterministic combine)."""
+    flat, ok = tok.flatten().cpu(), valid.flatten().cpu()
+    lists = [[r for r in range(flat.numel()) if ok[r] and flat[r] == b] for b in range(B)]
+    s = max(1, max(len(x) for x in lists))
+    return torch.tensor([x + [-1] * (s - len(x)) for x in lists], dtype=torch.int64).to(tok.device)
 
 
 class Model:
@@ -183,6 +208,8 @@ class Model:
         self.caches = [self._caches(r, g) for r in ratios]
         self._glue = {name: getattr(step_glue, name) for name in GLUE}
         self._checked = False
+        #: a FixedSelection (dsv4lab.step_compare) while two stages are compared on one path, else None
+        self.selection = None
 
     def _caches(self, ratio, g) -> LayerCaches:
         cfg, dev = self.cfg, self.device
@@ -251,7 +278,8 @@ class Model:
             c128_idx=c128_idx, c128_len=torch.full((B,), n128, **i32),
             ring_pos={r: torch.full((B,), pos % r, dtype=torch.int64, device=dev) for r in (cfg.ring_c4, cfg.ring_c128)},
             q_pad=torch.zeros(B, cfg.kernel_heads, HEAD_DIM, dtype=torch.bfloat16, device=dev),
-            moe_tok=(j % B).long(), moe_col=(j % cfg.active_experts).long(), moe_valid=(j < R).float())
+            moe_tok=(j % B).long(), moe_col=(j % cfg.active_experts).long(), moe_valid=(j < R).float(),
+            moe_rows=_rows_by_token(j % B, j < R, B))
 
     def check(self, inp: StepInputs):
         """The argument checks the step skips (they read the GPU): once per batch, outside capture."""
@@ -283,11 +311,16 @@ class Model:
         if served != inp.max_context:
             raise ValueError(f"inputs were built for max_context {inp.max_context}, stage {stage.name} serves "
                              f"{served}: use model.inputs(B, stage.max_context)")
+        if self.selection is not None:
+            self.selection.start()
         with record_function("dsv4::embed"):
             x = self.embed[inp.tokens]
             h = x.unsqueeze(1).expand(-1, cfg.hc_mult, -1).contiguous()
+        fused = stage.glue == "fused"
         for lw, c in zip(self.weights, self.caches):
-            h = self.layer(h, lw, c, inp, stage)
+            h = step_fused.layer(self, h, lw, c, inp, stage) if fused else self.layer(h, lw, c, inp, stage)
+        if fused:
+            return step_fused.head(self, h, stage)
         with record_function("dsv4::head"):
             xf, mixes = self.mhc_pre_linear(h, self.hc_head_fn[stage.mhc_gemm], stage)
             pre = torch.sigmoid(mixes * self.hc_head_scale + self.hc_head_base) + cfg.hc_eps
@@ -366,20 +399,37 @@ class Model:
             ring = inp.ring_pos[cfg.ring_c4]
             c.index_state[torch.arange(B, device=y.device), ring] = F.linear(y, lw.idx_compressor).float()
         with record_function(f"dsv4::indexer[{stage.indexer_impl}]"):
-            fn = G.get(INDEXER_TOPK) or impl_info("indexer_topk", stage.indexer_impl).fn
-            top = fn(qi, c.index, w, inp.c4_len, inp.page_table, max_seq_len=inp.index_max_seq_len,
-                     topk=cfg.index_topk)
+            top = self.indexer_topk(qi, c, w, inp, stage)
         with record_function("dsv4::indexer_proj"):
             rows = FULL_PAGE // 4                                     # logical position -> cache token id
             safe = top.clamp(min=0).long()
             phys = inp.page_table.long().gather(1, safe // rows) * rows + safe % rows
             return torch.where(top >= 0, phys, torch.full_like(phys, -1)).to(torch.int32)
 
+    def indexer_topk(self, qi, c: LayerCaches, w, inp: StepInputs, stage: Stage):
+        """The stage's indexer top-k (or the one use_glue put in its place; a fixed selection's)."""
+        fn = self._glue.get(INDEXER_TOPK) or impl_info("indexer_topk", stage.indexer_impl).fn
+        top = fn(qi, c.index, w, inp.c4_len, inp.page_table, max_seq_len=inp.index_max_seq_len,
+                 topk=self.cfg.index_topk)
+        fixed = self.fixed("indexer")
+        self.seen("indexer", top, fixed)
+        return top if fixed is None else fixed
+
+    def fixed(self, kind: str):
+        """The recorded choice a fixed selection replays here ("indexer" or "route"), else None."""
+        return None if self.selection is None else self.selection.fixed(kind)
+
+    def seen(self, kind: str, chosen, fixed):
+        if self.selection is not None and fixed is None:
+            self.selection.seen(kind, chosen)
+
     def moe(self, y, lw: LayerWeights, inp: StepInputs):
         cfg, G = self.cfg, self._glue
         with record_function("dsv4::moe_router"):
             logits = F.linear(y, lw.gate).float()
-            _, topw = G["route"](logits, lw.gate_bias, cfg.active_experts, cfg.routed_scale)
+            fixed = self.fixed("route")
+            ids, topw = G["route"](logits, lw.gate_bias, cfg.active_experts, cfg.routed_scale, ids=fixed)
+            self.seen("route", ids, fixed)
         with record_function("dsv4::moe_experts"):
             E, m = inp.moe_tok.shape
             xd = y[inp.moe_tok]                                           # [E, m, D] dispatch
@@ -397,8 +447,9 @@ def weight_bytes(model: Model) -> dict:
     """Weight bytes per layer kind: the dense ones a step reads, and one stand-in expert's."""
     out = {}
     for lw in {id(w): w for w in model.weights}.values():
-        dense = sum(v.numel() * v.element_size() for k, v in vars(lw).items()
-                    if isinstance(v, torch.Tensor) and k not in ("w13", "w2") and not k.startswith("_"))
+        dense = sum(v.numel() * v.element_size() for k, v in vars(lw).items()        # views counted in their whole
+                    if isinstance(v, torch.Tensor) and k not in ("w13", "w2") and not k.startswith("_")
+                    and v._base is None)
         per_expert = (lw.w13[0].numel() + lw.w2[0].numel()) * lw.w13.element_size()
         out[f"c{lw.ratio}"] = dict(dense=dense, per_expert=per_expert)
     return out

@@ -58,11 +58,13 @@ def kv_cache_bytes(kv):
     return data, (e + 127).to(torch.uint8)
 
 
-def route(logits, bias, k: int, scale: float):
+def route(logits, bias, k: int, scale: float, ids=None):
     """DSv4's router on fp32 logits [B, E]: scores sqrt(softplus(.)), top-k of scores + bias,
-    weights = the chosen scores renormalized x scale -> (ids int64 [B, k], weights float32 [B, k])."""
+    weights = the chosen scores renormalized x scale -> (ids int64 [B, k], weights float32 [B, k]).
+    ``ids`` given (a fixed selection, dsv4lab.step_compare) skips the choice."""
     scores = torch.sqrt(F.softplus(logits))
-    ids = torch.topk(scores + bias, k, dim=-1).indices
+    if ids is None:
+        ids = torch.topk(scores + bias, k, dim=-1).indices
     w = scores.gather(1, ids)
     return ids, w / w.sum(-1, keepdim=True) * scale
 

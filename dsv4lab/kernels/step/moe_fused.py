@@ -1,0 +1,137 @@
+"""The MoE stand-in's routed experts in three launches (S5): the up GEMM with the dispatch gather and
+SiLU-and-multiply in its epilogue, the down GEMM with each row's router weight in its epilogue, and
+one combine that sums each token's rows (deterministic: no atomics) with the shared expert's output.
+S4 runs the gather, two grouped GEMMs, silu_mul's three kernels, the weight gather and products, a
+zero fill and index_add_ (atomics), and the shared expert's add and cast."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..buffers import alloc
+from ..launch import cdiv, dot_dtype, next_power_of_2
+from .rounding import rne_bf16
+
+UP_BLOCK_N, DOWN_BLOCK_N, BLOCK_K, COMBINE_BLOCK_D = 64, 64, 64, 256
+
+
+@triton.jit
+def _moe_up_kernel(X, TOK, W13, HMID, M, K, I, stride_xb, stride_te, stride_we, stride_wk, stride_he, stride_hm,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr):
+    """HMID[e, m, n] = silu(x[tok] @ W13[e][:, n]) * (x[tok] @ W13[e][:, I + n]) in bf16; x rows gathered."""
+    e = tl.program_id(0).to(tl.int64)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
+    tok = tl.load(TOK + e * stride_te + rm, mask=rm < M, other=0)
+    gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(X + tok[:, None] * stride_xb + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+        wm = (kk[:, None] < K) & (rn[None, :] < I)
+        wg = tl.load(W13 + e * stride_we + kk[:, None] * stride_wk + rn[None, :], mask=wm, other=0.0)
+        wu = tl.load(W13 + e * stride_we + kk[:, None] * stride_wk + I + rn[None, :], mask=wm, other=0.0)
+        gate = tl.dot(a.to(DOT), wg.to(DOT), gate)
+        up = tl.dot(a.to(DOT), wu.to(DOT), up)
+    hmid = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(HMID + e * stride_he + rm[:, None] * stride_hm + rn[None, :], rne_bf16(hmid).to(HMID.dtype.element_ty),
+             mask=(rm[:, None] < M) & (rn[None, :] < I))
+
+
+@triton.jit
+def _moe_down_kernel(HMID, W2, TOPW, TOK, COL, VALID, YD, M, K, N, stride_he, stride_hm, stride_we, stride_wk,
+                     stride_ye, stride_ym, stride_te, stride_tw, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, DOT: tl.constexpr):
+    """YD[e, m] = (HMID[e, m] @ W2[e]) * topw[tok, col] * valid (float32)."""
+    e = tl.program_id(0).to(tl.int64)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(HMID + e * stride_he + rm[:, None] * stride_hm + kk[None, :],
+                    mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+        w = tl.load(W2 + e * stride_we + kk[:, None] * stride_wk + rn[None, :],
+                    mask=(kk[:, None] < K) & (rn[None, :] < N), other=0.0)
+        acc = tl.dot(a.to(DOT), w.to(DOT), acc)
+    tok = tl.load(TOK + e * stride_te + rm, mask=rm < M, other=0)
+    col = tl.load(COL + e * stride_te + rm, mask=rm < M, other=0)
+    valid = tl.load(VALID + e * stride_te + rm, mask=rm < M, other=0.0)
+    wt = tl.load(TOPW + tok * stride_tw + col, mask=rm < M, other=0.0) * valid
+    tl.store(YD + e * stride_ye + rm[:, None] * stride_ym + rn[None, :], acc * wt[:, None],
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@triton.jit
+def _moe_sum_kernel(YD, ROWS, SHARED, OUT, D, stride_rb, stride_sb, S: tl.constexpr, BLOCK_D: tl.constexpr):
+    """OUT[b] = bf16(shared[b] + sum of token b's routed rows ROWS[b, :] (-1: none)), in a fixed order."""
+    b = tl.program_id(0)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for s in tl.static_range(S):
+        r = tl.load(ROWS + b * stride_rb + s)
+        v = tl.load(YD + tl.maximum(r, 0) * D + d, mask=(d < D) & ((d * 0 + r) >= 0), other=0.0)
+        acc += v
+    acc += tl.load(SHARED + b.to(tl.int64) * stride_sb + d, mask=d < D, other=0.0).to(tl.float32)
+    tl.store(OUT + b.to(tl.int64) * D + d, rne_bf16(acc).to(OUT.dtype.element_ty), mask=d < D)
+
+
+@triton.jit
+def _silu_mul_kernel(X, OUT, I, stride_xb, BLOCK: tl.constexpr):
+    """OUT[b] = bf16(silu(X[b, :I]) * X[b, I:2I]) (the shared expert's activation)."""
+    b = tl.program_id(0)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    a = tl.load(X + b.to(tl.int64) * stride_xb + c, mask=c < I, other=0.0).to(tl.float32)
+    g = tl.load(X + b.to(tl.int64) * stride_xb + I + c, mask=c < I, other=0.0).to(tl.float32)
+    tl.store(OUT + b.to(tl.int64) * I + c, rne_bf16(a / (1.0 + tl.exp(-a)) * g).to(OUT.dtype.element_ty), mask=c < I)
+
+
+def silu_mul(x):
+    """x [B, 2I] (rows contiguous) -> bf16 [B, I]: silu(first half) * second half, rounded once."""
+    B, I2 = x.shape
+    if x.stride(1) != 1 or I2 % 2:
+        raise ValueError(f"x must be [B, 2I] with contiguous rows, got {list(x.shape)}")
+    out = alloc((B, I2 // 2), torch.bfloat16, x.device)
+    if B:
+        _silu_mul_kernel[(B, cdiv(I2 // 2, 512))](x, out, I2 // 2, x.stride(0), BLOCK=512, num_warps=4)
+    return out
+
+
+def moe_up(x, tok, w13):
+    """x bf16 [B, K], tok int64 [E, M] (the dispatch: row m of expert e is token tok[e, m]), w13 bf16
+    [E', K, 2I] -> bf16 [E, M, I]: silu(gate) * up of the gathered rows."""
+    E, M = tok.shape
+    K, I2 = w13.shape[1], w13.shape[2]
+    I = I2 // 2
+    hmid = alloc((E, M, I), torch.bfloat16, x.device)
+    _moe_up_kernel[(E, cdiv(I, UP_BLOCK_N))](
+        x, tok, w13, hmid, M, K, I, x.stride(0), tok.stride(0), w13.stride(0), w13.stride(1), hmid.stride(0),
+        hmid.stride(1), BLOCK_M=max(16, next_power_of_2(M)), BLOCK_N=UP_BLOCK_N, BLOCK_K=BLOCK_K, DOT=dot_dtype(),
+        num_warps=4, num_stages=3)
+    return hmid
+
+
+def moe_down(hmid, w2, topw, tok, col, valid):
+    """hmid bf16 [E, M, I], w2 bf16 [E', I, D] -> float32 [E, M, D], each row times its token's router
+    weight topw[tok, col] (0 for padding rows, valid = 0)."""
+    E, M, I = hmid.shape
+    D = w2.shape[2]
+    yd = alloc((E, M, D), torch.float32, hmid.device)
+    _moe_down_kernel[(E, cdiv(D, DOWN_BLOCK_N))](
+        hmid, w2, topw, tok, col, valid, yd, M, I, D, hmid.stride(0), hmid.stride(1), w2.stride(0), w2.stride(1),
+        yd.stride(0), yd.stride(1), tok.stride(0), topw.stride(0), BLOCK_M=max(16, next_power_of_2(M)),
+        BLOCK_N=DOWN_BLOCK_N, BLOCK_K=BLOCK_K, DOT=dot_dtype(), num_warps=4, num_stages=3)
+    return yd
+
+
+def moe_combine(yd, rows, shared):
+    """yd float32 [E, M, D], rows int64 [B, S] (flat row e * M + m of each of token b's routed rows, -1
+    past them), shared [B, D] (the shared expert) -> bf16 [B, D]."""
+    B, S = rows.shape
+    D = yd.shape[2]
+    out = alloc((B, D), torch.bfloat16, yd.device)
+    if B:
+        _moe_sum_kernel[(B, cdiv(D, COMBINE_BLOCK_D))](yd, rows, shared, out, D, rows.stride(0), shared.stride(0),
+                                                           S=S, BLOCK_D=COMBINE_BLOCK_D, num_warps=4)
+    return out

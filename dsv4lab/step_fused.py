@@ -1,0 +1,122 @@
+"""S5, after the story: the decode step with its glue fused into Triton kernels (kernels/step/), the
+decode and indexer kernels S4's. A layer runs as ~30 launches where S4 runs ~190:
+
+    mHC pre            2  partial pre-linear + (Sinkhorn, combine, RMS norm)          mhc_fused.mhc_pre
+    input projection   1  one GEMM: q LoRA | kv | compressor | indexer weights | indexer compressor
+                       1  q LoRA norm; kv norm, rope, fp8 bytes into the window cache; state rings  attn_input
+    query              1  one GEMM: the heads' q | the indexer's q
+                       1-2 heads' norm + rope into the padded query; the indexer's rope          norm_rope
+    indexer (ratio 4)  S4's kernels, then 1 to map its top-k to cache token ids                 cache_ids
+    decode             S4's kernels per cache, then 1: merge, sink, inverse rope                 decode_epilogue
+    output             2 GEMMs (wo_a, wo_b)
+    mHC post           1                                                                        mhc_fused.mhc_post
+    MoE                1 GEMM router | shared up; 1 router; 1 shared SiLU; 1 GEMM shared down;
+                       up (gather + SiLU), down (router weight), sum with the shared expert     moe_fused
+The weights are S4's: the concatenated projections are one tensor whose slices are S4's weights
+(LayerWeights), so S4 and S5 read the same bytes. ``Model.step`` calls :func:`layer` and :func:`head`
+when ``stage.glue == "fused"``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import record_function
+
+from .config import HEAD_DIM
+from .kernels.step.attn_input import attn_input
+from .kernels.step.cache_ids import cache_ids
+from .kernels.step.decode_epilogue import decode_epilogue
+from .kernels.step.mhc_fused import mhc_head_pre, mhc_post, mhc_pre
+from .kernels.step.moe_fused import moe_combine, moe_down, moe_up, silu_mul
+from .kernels.step.norm_rope import norm_rope, norm_rope_new
+from .kernels.step.router import route
+from .merged_decode import sparse_decode_per_cache
+from .model_config import FULL_PAGE
+from .registry import impl_info
+
+
+def layer(model, h, lw, c, inp, stage):
+    cfg = model.cfg
+    with record_function("dsv4::glue[mhc]"):
+        y, post, comb = mhc_pre(h, lw.hc_fn("attn", stage.mhc_dtype), lw.hc_attn_scale, lw.hc_attn_base,
+                                lw.attn_norm, cfg.sinkhorn_iters, cfg.hc_eps, cfg.rms_eps)
+    o = attention(model, y, lw, c, inp, stage)
+    with record_function("dsv4::glue[mhc]"):
+        h = mhc_post(o, h, post, comb)
+        y, post, comb = mhc_pre(h, lw.hc_fn("ffn", stage.mhc_dtype), lw.hc_ffn_scale, lw.hc_ffn_base,
+                                lw.ffn_norm, cfg.sinkhorn_iters, cfg.hc_eps, cfg.rms_eps)
+    o = moe(model, y, lw, inp)
+    with record_function("dsv4::glue[mhc]"):
+        return mhc_post(o, h, post, comb)
+
+
+def attention(model, y, lw, c, inp, stage):
+    cfg, B = model.cfg, inp.B
+    base = cfg.compress_rope_theta if c.ratio else cfg.rope_theta
+    cos, sin = inp.cos[base], inp.sin[base]
+    ring = inp.ring_pos[cfg.ring_c4 if c.ratio == 4 else cfg.ring_c128]
+    with record_function("dsv4::attn_proj"):
+        p = F.linear(y, lw.w_y)
+    with record_function("dsv4::glue[attn_input]"):
+        q_lora, idx_w = attn_input(
+            p, lw.q_norm, lw.kv_norm, cos, sin, c.window.buffer.view(-1), inp.window_data_off,
+            inp.window_scale_off, q_lora=cfg.q_lora_rank, eps=cfg.rms_eps,
+            state=c.state if c.ratio else None, ring=ring if c.ratio else None,
+            index_state=c.index_state if c.ratio == 4 else None, index_ring=ring if c.ratio == 4 else None,
+            index_heads=cfg.index_heads if c.ratio == 4 else 0,
+            index_scale=cfg.index_dim ** -0.5 * cfg.index_heads ** -0.5)
+    with record_function("dsv4::attn_proj"):
+        q = F.linear(q_lora, lw.w_q)
+    heads_w = cfg.local_heads * cfg.head_dim
+    with record_function("dsv4::glue[norm_rope]"):
+        norm_rope(q[:, :heads_w].view(B, cfg.local_heads, cfg.head_dim), inp.q_pad[:, :cfg.local_heads],
+                  cos=cos, sin=sin, eps=cfg.rms_eps)
+    extra = {}
+    if c.ratio == 4:
+        with record_function("dsv4::glue[norm_rope]"):
+            qi = norm_rope_new(q[:, heads_w:].view(B, cfg.index_heads, cfg.index_dim), cos=cos, sin=sin, norm=False)
+        with record_function(f"dsv4::indexer[{stage.indexer_impl}]"):
+            top = model.indexer_topk(qi, c, idx_w, inp, stage)
+        with record_function("dsv4::glue[cache_ids]"):
+            extra = dict(extra_k_cache=c.compressed, extra_indices=cache_ids(top, inp.page_table, FULL_PAGE // 4),
+                         extra_topk_length=inp.c4_topk_len)
+    elif c.ratio == 128:
+        extra = dict(extra_k_cache=c.compressed, extra_indices=inp.c128_idx, extra_topk_length=inp.c128_len)
+    with record_function(f"dsv4::decode[{stage.decode_impl},c{c.ratio}]"):
+        parts = sparse_decode_per_cache(inp.q_pad, c.window, inp.window_idx, inp.window_len, lw.attn_sink, HEAD_DIM,
+                                        cfg.head_dim ** -0.5, **extra, impl=stage.decode_impl, checks="device")
+    with record_function("dsv4::glue[decode_epilogue]"):
+        o = decode_epilogue(parts, lw.attn_sink, cos, sin, cfg.local_heads)
+    with record_function("dsv4::attn_proj"):
+        if cfg.local_groups == 1:
+            o = F.linear(o.view(B, -1), lw.wo_a[0])
+        else:
+            o = torch.einsum("bgd,grd->bgr", o.view(B, cfg.local_groups, -1), lw.wo_a).flatten(1)
+        return F.linear(o, lw.wo_b)
+
+
+def moe(model, y, lw, inp):
+    cfg = model.cfg
+    with record_function("dsv4::moe_router"):
+        g = F.linear(y, lw.w_g)                                   # router logits | shared expert's up
+    with record_function("dsv4::glue[router]"):
+        fixed = model.fixed("route")
+        ids, topw = route(g[:, :cfg.experts], lw.gate_bias, cfg.active_experts, cfg.routed_scale, ids=fixed)
+        model.seen("route", ids, fixed)
+    with record_function("dsv4::moe_shared"):
+        shared = F.linear(silu_mul(g[:, cfg.experts:]), lw.shared_w2)
+    with record_function("dsv4::moe_experts"):
+        hmid = moe_up(y, inp.moe_tok, lw.w13)
+        yd = moe_down(hmid, lw.w2, topw, inp.moe_tok, inp.moe_col, inp.moe_valid)
+    with record_function("dsv4::glue[moe_sum]"):
+        return moe_combine(yd, inp.moe_rows, shared)
+
+
+def head(model, h, stage):
+    with record_function("dsv4::head"):
+        cfg = model.cfg
+        y = mhc_head_pre(h, model.hc_head_fn[stage.mhc_gemm], model.hc_head_scale, model.hc_head_base,
+                         model.head_norm, cfg.hc_eps, cfg.rms_eps)
+        return F.linear(y, model.lm_head).float()
+
+
