@@ -48,7 +48,7 @@ RULES = [
     (DECODE, r"_tiled_sparse_decode_kernel|_simt_decode_kernel|_head_batched_kernel|_story_kernel|_combine_kernel"
              r"|_hopper_decode_kernel"),
     (INDEXER, r"_indexer_kernel"),
-    (MOE, r"_moe_grouped_gemm_kernel"),
+    (MOE, r"_moe_grouped_gemm_kernel|_moe_up_kernel|_moe_down_kernel"),
     # fp32 GEMMs without TF32 run on CUDA cores: ffma xmma/cutlass SIMT kernels, sgemm, float gemv
     (FP32_GEMM, r"f32f32_f32f32|sgemm|_ffma|nvjet_sss|(gemv|gemmSN|gemmk1)\w*<(int, ?int, ?)?float\b"
                 r"|splitKreduce_kernel<[^>]*\bfloat, float, float, float\b"
@@ -56,7 +56,10 @@ RULES = [
                 r"|(dot_kernel|reduce_1Block_kernel)<float\b"),
     (BF16_GEMM, r"nvjet_|xmma_gemm|cutlass|gemv|gemmSN|gemmk1|splitKreduce|s16816gemm|(bf16|bfloat16).*gemm"),
     (TOPK, r"[Tt]op[Kk]|[Ss]ort|[Rr]adix|bitonic|KthValues|KthCounts|WithinKCounts"),
-    (GLUE, r"at::native|at_cuda_detail|elementwise|reduce_kernel|Memcpy|Memset|memcpy|_mhc_sinkhorn_kernel"
+    # S5's fused glue (kernels/step/) by name, then torch's and Inductor's
+    (GLUE, r"^_(mhc_mix_partial|mhc_pre|mhc_post|attn_input|norm_rope|decode_epilogue|router|silu_mul|moe_sum"
+           r"|cache_ids)_kernel$"
+           r"|at::native|at_cuda_detail|elementwise|reduce_kernel|Memcpy|Memset|memcpy|_mhc_sinkhorn_kernel"
            r"|^exp2_kernel"
            r"|^triton_(poi|red|per)_|CatArray|[Ii]ndex|gather|scatter|fill|copy|softmax|norm"),
 ]
@@ -72,7 +75,7 @@ CPU_RULES = [
                 r"|^dsv4::indexer\[torch_fp32\]/aten::(bmm|mm|matmul)$"),
     (BF16_GEMM, r"/aten::(mm|addmm|bmm|baddbmm|matmul|linear|einsum)$"),
     (TOPK, r"/aten::(topk|sort)$"),
-    (GLUE, r"/aten::|^dsv4::sinkhorn/python$"),
+    (GLUE, r"/aten::|^dsv4::sinkhorn/python$|^dsv4::glue\[[a-z_]+\]/python$"),
 ]
 
 _COMPILED = [(cat, re.compile(rx)) for cat, rx in RULES]
