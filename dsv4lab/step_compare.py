@@ -79,8 +79,8 @@ def _restore(model, saved):
 
 def compare_stages(model, B: int, before: str = "S4", after: str = "S5") -> dict:
     """Stage ``after``'s step against stage ``before``'s on the same inputs and caches, the choices of
-    ``before`` replayed in ``after``: the logits' relative error, its bound, and what each stage's
-    step wrote into the window cache (equal bytes where the two store the same bf16 values)."""
+    ``before`` replayed in ``after``: the logits' relative error and its bound. The caches are restored
+    after each step, so both read the same and the model is left as it was."""
     s0, s1 = stage_by_name(before), stage_by_name(after)
     if s0.max_context != s1.max_context:
         raise ValueError(f"{before} and {after} serve different contexts: no common inputs")
@@ -91,16 +91,13 @@ def compare_stages(model, B: int, before: str = "S4", after: str = "S5") -> dict
     model.selection = sel
     try:
         ref = model.step(inp, s0)
-        written_before = _cache_state(model)
         _restore(model, saved)
         sel.replaying = True
         got = model.step(inp, s1)
-        written_after = _cache_state(model)
     finally:
         model.selection = None
         _restore(model, saved)
-    same_bytes = all(torch.equal(a[0], b[0]) for a, b in zip(written_before, written_after))
     layers = len(model.caches)
     return dict(before=before, after=after, B=B, rel_err=rel_err(got.float(), ref.float()),
                 tolerance=tolerance(layers), layers=layers, finite=bool(torch.isfinite(got).all()),
-                window_cache_bytes_equal=same_bytes, choices_fixed={k: len(v) for k, v in sel.recorded.items()})
+                choices_fixed={k: len(v) for k, v in sel.recorded.items()})

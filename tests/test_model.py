@@ -27,6 +27,7 @@ from dsv4lab.testing import OUT_TOL, rel_err
 
 S0 = Stage("S0", "test", decode_impl="sglang", indexer_impl="torch_fp32")
 S4 = Stage("S4", "test", decode_impl="auto", indexer_impl="triton", mhc_gemm="bfloat16")
+S5 = Stage("S5", "test", decode_impl="auto", indexer_impl="triton", mhc_gemm="bfloat16", glue="fused")
 LAYER_TOL = 2e-2
 
 
@@ -218,11 +219,14 @@ def test_attention_and_moe_match_float64(model, ratio):
 
 
 @pytest.mark.parametrize("ratio", [0, 128])
-def test_layer_matches_float64(model, ratio):
+@pytest.mark.parametrize("stage", [S0, S5], ids=["torch glue", "fused glue"])
+def test_layer_matches_float64(model, ratio, stage):
+    from dsv4lab import step_fused
     i = model.ratios.index(ratio)
     inp = model.inputs(2)
     h = torch.randn(2, CPU_MODEL.hc_mult, CPU_MODEL.hidden).to(torch.bfloat16)
-    got = model.layer(h, model.weights[i], model.caches[i], inp, S0)
+    layer = model.layer if stage.glue == "torch" else (lambda *a: step_fused.layer(model, *a))
+    got = layer(h, model.weights[i], model.caches[i], inp, stage)
     ref = reference_layer(model, i, h, inp)
     assert got.shape == h.shape and got.dtype == torch.bfloat16
     assert rel_err(got.float(), ref.float()) < LAYER_TOL
@@ -292,7 +296,7 @@ def no_host_sync():
             setattr(torch.Tensor, n, f)
 
 
-@pytest.mark.parametrize("stage", [S0, S4], ids=["S0", "S4"])
+@pytest.mark.parametrize("stage", [S0, S4, S5], ids=["S0", "S4", "S5"])
 def test_step_has_no_host_sync(model, stage):
     inp = model.inputs(1)
     with no_host_sync():

@@ -19,17 +19,20 @@ def test_stages_are_cumulative_and_distinct():
     assert s["S1stop"].decode_impl == "mma_story_stop" and s["S1cap"].decode_impl == "mma_story"
     # every variant is one change away from the stage it names
     for name, x in s.items():
-        if name not in ("S0", "S1", "S2", "S3", "S4"):
+        if name not in ("S0", "S1", "S2", "S3", "S4", "S5"):
             base = s[name[:2]]
-            diff = [f for f in ("decode_impl", "indexer_impl", "mhc_gemm", "max_context")
+            diff = [f for f in ("decode_impl", "indexer_impl", "mhc_gemm", "max_context", "glue")
                     if getattr(x, f) != getattr(base, f)]
             assert len(diff) == 1, (name, diff)
     assert s["S2"].decode_impl == "splitk_auto" and s["S2"].indexer_impl == "torch_fp32"
     assert (s["S3"].indexer_impl, s["S3"].mhc_gemm) == ("torch_bf16", "bfloat16") and s["S3"].decode_impl == "splitk_auto"
     assert s["S4"].indexer_impl == "triton" and s["S4"].mhc_gemm == "bfloat16"
+    # S5 is S4 with the glue fused, nothing else
+    assert s["S5"].glue == "fused" and {**s["S5"].as_dict(), "name": "S4", "title": s["S4"].title,
+                                        "glue": "torch"} == s["S4"].as_dict()
     assert s["S0cap"].max_context == s["S1cap"].max_context == s["S3cap"].max_context == 8192
     assert all(x.max_context is None for n, x in s.items() if not n.endswith("cap"))
-    keys = [(x.decode_impl, x.indexer_impl, x.mhc_gemm, x.max_context) for x in stages.STAGES]
+    keys = [(x.decode_impl, x.indexer_impl, x.mhc_gemm, x.max_context, x.glue) for x in stages.STAGES]
     assert len(set(keys)) == len(keys)
     with pytest.raises(ValueError, match="stage must be one of"):
         stages.stage("S9")

@@ -60,6 +60,13 @@ def sensitivity_markdown(s: dict) -> list:
                 f"{fit['reproduces_all_shares']}):", "", _md([fit])]
 
 
+#: the glue stages S0..S4 run as torch ops, beside what SGLang's DeepSeek-V4 path runs (docs/sglang.md)
+UNFAIR_TO_SGLANG = ("S0 to S4 run the step's glue (mHC, norms, rope, the cache's fp8 bytes, the router, the MoE's "
+                    "dispatch and combine) as torch ops, about 190 kernels a layer; SGLang's DeepSeek-V4 path fuses "
+                    "most of it (about 11 to 16 glue kernels a layer on Hopper, read from its wheel: docs/sglang.md). "
+                    "So S0 to S4 are unfair to SGLang in the glue; S5 fuses it in the lab's own Triton kernels.")
+
+
 def tables_markdown(results: dict, quick: bool) -> str:
     """tables.md: the run's setup, every table of ``results["tables"]`` (tables.build_tables), the
     bridge, the sensitivity, the compile lessons, the classifier's check, what was skipped and the
@@ -75,9 +82,11 @@ def tables_markdown(results: dict, quick: bool) -> str:
           f"{cfg['layer_ratios'].count(4)} ratio-4, {cfg['layer_ratios'].count(128)} ratio-128; live context "
           f"{cfg['live_context']}, max context {cfg['max_context']}. Units: {time_unit(results)}." + (" QUICK (CPU preset)." if quick else ""),
           "", "## Stages", "", _md([dict(stage=s.name, title=s.title, decode=s.decode_impl, indexer=s.indexer_impl,
-                                          mhc=s.mhc_gemm, max_context=s.max_context or "config")
+                                          mhc=s.mhc_gemm, glue=s.glue, max_context=s.max_context or "config")
                                      for s in STAGES if s.name in st]),
-          "", "## Throughput (step = one token per request)", "", _md(t["throughput"]), "", "## Fit: step_ms = a + b x C", "",
+          "", "## Throughput (step = one token per request)", "", _md(t["throughput"]), "", UNFAIR_TO_SGLANG, "",
+          "", "## S5 against S4 on one path (dsv4lab.step_compare: S4's top-k and experts replayed in S5)", "",
+          _md(results.get("stage_agreement", [])), "", "## Fit: step_ms = a + b x C", "",
           _md(t["fits"]), "", "## Kernel time by category", "", _md(t["profile"])]
     for x in t["transitions"]:
         md += ["", f"## {x['before']} -> {x['after']} (C = {B})", "", _md(x["rows"], ".4g")]

@@ -42,7 +42,7 @@ def estimate_step_ms(cfg: ModelConfig, s: Stage, C: int) -> float:
     """Rough H200 step time (ms), from the recorded runs in data/runs/h200: the torch indexer
     fallback costs ~1.6e-6 ms per (request x max-width position) in fp32, 1.4e-6 in bf16; the
     Triton indexer's top-k ~2e-8; SGLang's SIMT kernel ~1.8e-4 ms per (request x index entry),
-    masked entries ~1/6 of that; the lab's kernels ~20 us a call; the rest ~0.35 ms a layer.
+    masked entries ~1/6 of that; the lab's kernels ~20 us a call; the rest ~0.35 ms a layer (S5 ~0.12).
     Each impl's cost follows what the registry says of it: its stage, its tags, its dead-page reads."""
     L = cfg.index_max_seq_len(s.max_context)
     topk = impl_info("indexer_topk", s.indexer_impl)
@@ -66,7 +66,8 @@ def estimate_step_ms(cfg: ModelConfig, s: Stage, C: int) -> float:
         window = c4 = c128 = 0.02 + 2e-6 * C * cfg.index_topk
     n0, n4, n128 = cfg.layers_window, cfg.layers_c4, cfg.layers_c128
     decode_ms = n0 * window + n4 * (window + c4) + n128 * (window + c128)
-    return n4 * indexer + decode_ms + cfg.num_layers * (0.35 + 0.004 * C)
+    rest = 0.35 if s.glue == "torch" else 0.12       # S5's fused glue: ~30 launches a layer, not ~190
+    return n4 * indexer + decode_ms + cfg.num_layers * (rest + 0.004 * C)
 
 
 def estimate_stage_s(cfg, s, concurrency, profile_at) -> float:

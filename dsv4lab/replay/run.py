@@ -13,6 +13,7 @@ from .. import bench, bridge, roofline, run_folder
 from ..device import ceilings, mode
 from ..model import ASSUMPTIONS, CPU_MODEL, DSV4_FLASH_TP8, Model, weight_bytes
 from ..stages import STAGES, stage
+from ..step_compare import compare_stages
 from .compile_lesson import COMPILE_LESSONS, run_compile_lesson
 from .isolated import isolated_decode
 from .measure import glue_scaling, measure_stage
@@ -86,6 +87,8 @@ def _run(out: Path, cfg, todo, concurrency, profile_at, scaling_counts, plan, qu
         results["stages"][s.name] = measure_stage(model, s, concurrency, profile_at, deadline=deadline, log=log)
         results["stages"][s.name]["seconds"] = time.time() - t1
         bench.save(out / "reproduce.json", results)          # partial results survive a kill (never 'complete')
+    if {"S4", "S5"} <= set(results["stages"]):
+        results["stage_agreement"] = stage_agreement(model, (1, profile_batch), log=log)
     if not gpu or deadline.left() > reserve + plan["isolated_decode_s"]:
         results["isolated_decode"] = isolated_decode(model, batches=(1, profile_batch), log=log)
     else:
@@ -117,6 +120,20 @@ def _run(out: Path, cfg, todo, concurrency, profile_at, scaling_counts, plan, qu
     results["elapsed_s"] = deadline.elapsed()
     write_outputs(out, results, quick)
     return results
+
+
+def stage_agreement(model, batches, log=print) -> list:
+    """S5's logits against S4's on one path (S4's choices replayed), per batch: a row each, or its error."""
+    rows = []
+    for B in batches:
+        try:
+            r = compare_stages(model, B)
+            rows.append({k: r[k] for k in ("before", "after", "B", "rel_err", "tolerance", "finite")})
+        except Exception as e:                   # a failing comparison is a row, not the end of the run
+            rows.append(dict(before="S4", after="S5", B=B, error=f"{type(e).__name__}: {str(e)[:300]}"))
+        log(f"  S5 vs S4 at C={B}: " + (f"rel. error {rows[-1]['rel_err']:.3g} (bound {rows[-1]['tolerance']:.3g})"
+                                        if "rel_err" in rows[-1] else rows[-1]["error"]))
+    return rows
 
 
 def cli(args) -> dict:

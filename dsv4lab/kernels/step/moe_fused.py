@@ -17,13 +17,14 @@ UP_BLOCK_N, DOWN_BLOCK_N, BLOCK_K, COMBINE_BLOCK_D = 64, 64, 64, 256
 
 
 @triton.jit
-def _moe_up_kernel(X, TOK, W13, HMID, M, K, I, stride_xb, stride_te, stride_we, stride_wk, stride_he, stride_hm,
+def _moe_up_kernel(X, TOK, W13, HMID, M, K, I, stride_xb, stride_te, stride_tm, stride_we, stride_wk, stride_he,
+                   stride_hm,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr):
     """HMID[e, m, n] = silu(x[tok] @ W13[e][:, n]) * (x[tok] @ W13[e][:, I + n]) in bf16; x rows gathered."""
     e = tl.program_id(0).to(tl.int64)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, BLOCK_M)
-    tok = tl.load(TOK + e * stride_te + rm, mask=rm < M, other=0)
+    tok = tl.load(TOK + e * stride_te + rm * stride_tm, mask=rm < M, other=0)
     gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -41,7 +42,8 @@ def _moe_up_kernel(X, TOK, W13, HMID, M, K, I, stride_xb, stride_te, stride_we, 
 
 @triton.jit
 def _moe_down_kernel(HMID, W2, TOPW, TOK, COL, VALID, YD, M, K, N, stride_he, stride_hm, stride_we, stride_wk,
-                     stride_ye, stride_ym, stride_te, stride_tw, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     stride_ye, stride_ym, stride_te, stride_tm, stride_ce, stride_cm, stride_ve, stride_vm, stride_tw,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, DOT: tl.constexpr):
     """YD[e, m] = (HMID[e, m] @ W2[e]) * topw[tok, col] * valid (float32)."""
     e = tl.program_id(0).to(tl.int64)
@@ -55,9 +57,9 @@ def _moe_down_kernel(HMID, W2, TOPW, TOK, COL, VALID, YD, M, K, N, stride_he, st
         w = tl.load(W2 + e * stride_we + kk[:, None] * stride_wk + rn[None, :],
                     mask=(kk[:, None] < K) & (rn[None, :] < N), other=0.0)
         acc = tl.dot(a.to(DOT), w.to(DOT), acc)
-    tok = tl.load(TOK + e * stride_te + rm, mask=rm < M, other=0)
-    col = tl.load(COL + e * stride_te + rm, mask=rm < M, other=0)
-    valid = tl.load(VALID + e * stride_te + rm, mask=rm < M, other=0.0)
+    tok = tl.load(TOK + e * stride_te + rm * stride_tm, mask=rm < M, other=0)
+    col = tl.load(COL + e * stride_ce + rm * stride_cm, mask=rm < M, other=0)
+    valid = tl.load(VALID + e * stride_ve + rm * stride_vm, mask=rm < M, other=0.0)
     wt = tl.load(TOPW + tok * stride_tw + col, mask=rm < M, other=0.0) * valid
     tl.store(YD + e * stride_ye + rm[:, None] * stride_ym + rn[None, :], acc * wt[:, None],
              mask=(rm[:, None] < M) & (rn[None, :] < N))
@@ -106,7 +108,8 @@ def moe_up(x, tok, w13):
     I = I2 // 2
     hmid = alloc((E, M, I), torch.bfloat16, x.device)
     _moe_up_kernel[(E, cdiv(I, UP_BLOCK_N))](
-        x, tok, w13, hmid, M, K, I, x.stride(0), tok.stride(0), w13.stride(0), w13.stride(1), hmid.stride(0),
+        x, tok, w13, hmid, M, K, I, x.stride(0), tok.stride(0), tok.stride(1), w13.stride(0), w13.stride(1),
+        hmid.stride(0),
         hmid.stride(1), BLOCK_M=max(16, next_power_of_2(M)), BLOCK_N=UP_BLOCK_N, BLOCK_K=BLOCK_K, DOT=dot_dtype(),
         num_warps=4, num_stages=3)
     return hmid
@@ -120,7 +123,8 @@ def moe_down(hmid, w2, topw, tok, col, valid):
     yd = alloc((E, M, D), torch.float32, hmid.device)
     _moe_down_kernel[(E, cdiv(D, DOWN_BLOCK_N))](
         hmid, w2, topw, tok, col, valid, yd, M, I, D, hmid.stride(0), hmid.stride(1), w2.stride(0), w2.stride(1),
-        yd.stride(0), yd.stride(1), tok.stride(0), topw.stride(0), BLOCK_M=max(16, next_power_of_2(M)),
+        yd.stride(0), yd.stride(1), tok.stride(0), tok.stride(1), col.stride(0), col.stride(1), valid.stride(0),
+        valid.stride(1), topw.stride(0), BLOCK_M=max(16, next_power_of_2(M)),
         BLOCK_N=DOWN_BLOCK_N, BLOCK_K=BLOCK_K, DOT=dot_dtype(), num_warps=4, num_stages=3)
     return yd
 
