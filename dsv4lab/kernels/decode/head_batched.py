@@ -102,17 +102,20 @@ def _finish_rows(m_i, l_i, acc, SINK, heads, hmask, read, HAS_SINK: tl.constexpr
     lost = (empty & read) | (l_i == float("inf"))
     l_safe = tl.where(empty, 1.0, l_i)
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) / 1.4426950408889634)
-    out = acc / l_safe[:, None]
+    # one scale a row, applied to the tile once; a lost row's is NaN, so its whole row is (one select on
+    # a row vector, not on the tile: the tile-wide select and division cost ~1.4 us a split-K call on an
+    # H100, experiments/eager_host_path)
+    scale = tl.where(lost, float("nan"), 1.0 / l_safe)
     flags = tl.full([], 0, tl.int32)
     if HAS_SINK:
         sink = tl.load(SINK + heads, mask=hmask, other=0.0).to(tl.float32)
         new_lse = tl.maximum(lse, sink) + tl.log(1.0 + tl.exp(-tl.abs(lse - sink)))
         new_lse = tl.where(empty, sink, new_lse)
-        out = out * tl.exp(lse - new_lse)[:, None]
+        scale = scale * tl.exp(lse - new_lse)
         lse = new_lse
         flags |= tl.where(tl.min((tl.abs(sink) < float("inf")).to(tl.int32), axis=0) == 1, 0, SINK_FLAG)
     lse = tl.where(lost, float("nan"), lse)
-    out = tl.where(lost[:, None], float("nan"), out)
+    out = acc * scale[:, None]
     if CHECK_OUT:
         # one reduction over the block after the loop (NaN fails the compare). Over the whole block,
         # not row sums then rows: Triton 3.6 cannot reduce a row vector of an sm_100 (tcgen05)
