@@ -94,6 +94,14 @@ def config_label(row, dequant: bool = True) -> str:
     return label
 
 
+def times(x) -> str:
+    """A ratio as a table or a sentence shows it: two significant figures below 10 (1.6x, never "2x"),
+    whole numbers from 10; "" where it is missing."""
+    if x is None or x != x:
+        return ""
+    return f"{x:.2g}x" if abs(x) < 10 else f"{x:.0f}x"
+
+
 def launch_of(row) -> dict | None:
     """{block_h, block_n, loop, nsplit} of a decode-table row of a tensor-core impl: the row's
     ``launch`` dict (planning.Launch.as_dict) or, in runs recorded before it, the plan_* / tiles_*

@@ -146,6 +146,28 @@ def test_story_launch_is_two_programs_per_request_at_64_heads():
     assert -(-64 // STORY_TILES.block_h) == 2
 
 
+def test_the_story_tiles_comment_says_what_the_code_launches():
+    """planning's comment on STORY_TILES names its tile, warps and stages and the shared memory it compiles
+    to on the story's GPU: each figure is the TileConfig's, and the recorded sm_120 compile's."""
+    import inspect
+    import json
+    import re
+    from pathlib import Path
+
+    from dsv4lab.kernels.decode import planning
+    src = inspect.getsource(planning)
+    comment = src[:src.index("STORY_TILES = ")].rsplit("\n\n", 1)[-1]
+    t = planning.STORY_TILES
+    said = {k: int(v) for v, k in re.findall(r"(\d+) (tokens|warps|stage)", comment)}
+    assert said == {"tokens": t.block_n, "warps": t.num_warps, "stage": t.num_stages}, said
+    runs = Path(__file__).resolve().parent.parent / "experiments" / "other_gpus_compile" / "run_triton39.json"
+    (story,) = [r for r in json.loads(runs.read_text())["rows"] if r.get("kind") == "launch"
+                and r.get("kernel") == "_story_kernel" and r.get("target") == "RTX PRO 6000"]
+    assert (story["constexprs"]["BLOCK_N"], story["num_warps"], story["num_stages"]) == (t.block_n, t.num_warps, t.num_stages)
+    assert story["fits"]
+    assert f"{story['shared_bytes']:,} B" in comment and f"{story['smem_limit']:,} B" in comment
+
+
 def test_split_launch_refuses_a_sink():
     from dsv4lab.kernels.decode import head_batched, split_k
     inp = make_decode_inputs(2, 16, 53, context=200, sink=True)

@@ -10,13 +10,18 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from dsv4lab.kernels.decode import head_batched
+from dsv4lab.kernels.decode import head_batched, simt, split_k
+from dsv4lab.kernels.indexer import triton_indexer
 
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 
 #: (notebook, name of the function a cell defines, the package's jitted function)
 CELL_KERNELS = [
+    ("01_simt_baseline.ipynb", "_simt_decode_kernel", simt._simt_decode_kernel),
     ("02_head_batched_mma.ipynb", "_story_kernel", head_batched._story_kernel),
+    ("03_split_k.ipynb", "merge_partials", split_k.merge_partials),
+    ("03_split_k.ipynb", "_combine_kernel", split_k._combine_kernel),
+    ("05_triton_indexer.ipynb", "_indexer_kernel", triton_indexer._indexer_kernel),
 ]
 
 

@@ -182,3 +182,11 @@ def test_every_name_a_notebook_reads_is_defined(name):
             except ImportError:
                 continue                                  # an attribute imported from a module, not a module
             assert hasattr(mod, n.attr), f"{name}: {n.value.id}.{n.attr} does not exist ({modules[n.value.id]})"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_ratios_are_not_rounded_to_whole_numbers(name):
+    """A column of ratios formatted "{:.0f}x" printed 1.6 as "2x" (notebook 02's mma_story vs sglang at
+    B = 1): a table of ratios goes through plots.times (two figures below 10) instead."""
+    assert not re.search(r"""["']\{:\.0f\}x["']\.format""", _code(name)), \
+        f"{name} formats a column of ratios with '{{:.0f}}x': use plots.times"

@@ -121,3 +121,8 @@ def test_widgets_build_and_offer_every_setting(no_show):
     wt.children[0].value = 64                                             # a change redraws
     ws.children[1].value = 16
     assert len(no_show) == 4
+
+
+def test_times_keeps_two_figures_below_ten():
+    from dsv4lab.plots import times
+    assert [times(x) for x in (1.6, 0.89, 23.4, 123.4, None, float("nan"))] == ["1.6x", "0.89x", "23x", "123x", "", ""]

@@ -12,7 +12,8 @@ The KV bytes are read once per head block instead of once per head.
 
 Two kernels share that body:
 
-* ``_story_kernel`` is S1 as the story built it: SGLang's SIMT kernel with the heads
+* ``_story_kernel`` is S1 as the lab reconstructs it (the story published its grid, head block
+  and numbers, not its source): SGLang's SIMT kernel with the heads
   batched and the loop above, nothing else. Like SGLang's kernel it walks the whole padded index
   row: every tile of the K entries is visited and its indices loaded; entries past ``topk_len``
   are masked (no KV bytes gathered, never used, never flagged). ``impl="mma_story"`` launches it

@@ -106,8 +106,9 @@ def table_dict() -> dict:
 
 #: The story's S1 launch as it published it: a head-batched grid (B, H / BLOCK_H) with two
 #: programs per request for 64 heads, plain tl.dot loop, none of the lab's later refinements.
-#: The story gives no tile size along the tokens; 32 with 4 warps fits its GPU's ~99 KB of shared
-#: memory per block. Used by impl "mma_story" on every device.
+#: The story gives no tile size along the tokens: the lab takes 32 tokens, 8 warps, 1 stage, which
+#: compiles to 98,304 B of shared memory for its GPU (sm_120), within the 101,376 B a block may use
+#: there (experiments/other_gpus_compile). Used by impl "mma_story" on every device.
 STORY_TILES = TileConfig(32, 32, 8, 1, "the story's S1 launch (BLOCK_H 32: 2 programs for 64 heads)")
 
 

@@ -25,7 +25,7 @@ def _simt_decode_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE, 
                         qk_scale, K, H, num_tokens,
                         stride_qb, stride_qh, stride_ib, stride_ob, stride_oh,
                         PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr,
-                         HAS_TOPK_LEN: tl.constexpr, HAS_SINK: tl.constexpr,
+                        HAS_TOPK_LEN: tl.constexpr, HAS_SINK: tl.constexpr,
                         BLOCK_T: tl.constexpr, D: tl.constexpr, NOPE: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -75,8 +75,10 @@ def _simt_decode_kernel(Q, KV_FP8, KV_U8, KV_BF16, IDX, TOPK_LEN, SINK, O, LSE, 
 
 @register("sparse_decode", "simt", stage="S0", tags=("recorded", "simt", "whole_row"),
           description="the lab's SIMT kernel: one program per (batch, head), CUDA cores")
-def sparse_decode_simt(q, cache, indices, *, topk_len, sm_scale, attn_sink):
+def sparse_decode_simt(q, cache, indices, *, topk_len, sm_scale, attn_sink, block_t=BLOCK_T, kernel=None):
+    """``kernel``: a jitted kernel with _simt_decode_kernel's signature to launch instead (notebook 01's
+    own copy); ``block_t``: tokens a tile."""
     B, H, _ = q.shape
     args, constexprs, out, lse = decode_call(q, cache, indices, topk_len, attn_sink, sm_scale)
-    _simt_decode_kernel[(B, H)](*args, **constexprs, BLOCK_T=BLOCK_T, num_warps=NUM_WARPS)
+    (kernel or _simt_decode_kernel)[(B, H)](*args, **constexprs, BLOCK_T=block_t, num_warps=NUM_WARPS)
     return finish(out), lse

@@ -118,11 +118,13 @@ def combine_warps(partials: torch.dtype) -> int:
     return max(1, COMBINE_WARPS * partials.itemsize // 4)
 
 
-def combine(o_part, lse_part, attn_sink, out, lse, *, pdl=False, heads=None, num_warps=None):
+def combine(o_part, lse_part, attn_sink, out, lse, *, pdl=False, heads=None, num_warps=None, kernel=None):
+    """The merge's launch. ``kernel``: a jitted kernel with _combine_kernel's signature to launch instead
+    (notebook 03's own copy)."""
     B, H, nsplit, D = o_part.shape
     grid, consts = _combine_args(B, H, nsplit, D, o_part.dtype, attn_sink is not None, pdl, heads, num_warps)
     sp, so = o_part.stride(), out.stride()
-    launch_kernel(_combine_kernel, grid, (
+    launch_kernel(kernel or _combine_kernel, grid, (
         o_part, lse_part, attn_sink if attn_sink is not None else lse, out, lse, errors.word(out.device)),
         (H, nsplit, sp[0], sp[1], sp[2], so[0], so[1]), consts)
 
@@ -159,9 +161,10 @@ def partials_for(B, H, nsplit, device, partials: str):
     return workspace(B, H, nsplit, device, partials, poison=True)
 
 
-def run(q, cache, indices, topk_len, sm_scale, attn_sink, opts: Launch):
+def run(q, cache, indices, topk_len, sm_scale, attn_sink, opts: Launch, *, combine_kernel=None, combine_heads=None):
     """The tuned head-batched kernel on ``opts.nsplit`` slices of each top-k row, then the merge.
-    With nsplit == 1 the kernel writes the answer directly (no workspace, no combine)."""
+    With nsplit == 1 the kernel writes the answer directly (no workspace, no combine).
+    ``combine_kernel`` / ``combine_heads``: the merge's kernel and heads a program (``combine``)."""
     B, H, D = q.shape
     q = q.contiguous()
     indices = indices.contiguous()
@@ -172,7 +175,7 @@ def run(q, cache, indices, topk_len, sm_scale, attn_sink, opts: Launch):
         return finish(out), lse
     o_part, lse_part = partials_for(B, H, opts.nsplit, q.device, opts.partials)
     head_batched.launch(q, cache, indices, topk_len, sm_scale, None, o_part, lse_part, opts)
-    combine(o_part, lse_part, attn_sink, out, lse, pdl=opts.pdl)
+    combine(o_part, lse_part, attn_sink, out, lse, pdl=opts.pdl, heads=combine_heads, kernel=combine_kernel)
     return finish(out), lse
 
 

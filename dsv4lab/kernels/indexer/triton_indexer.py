@@ -216,11 +216,13 @@ def _dot(launch: LogitsLaunch):
 
 
 def logits_triton(q, index_cache: IndexKCache, weights, seq_lens, page_table, max_seq_len: int, *, nprog=None,
-                  num_stages=None, prefetch=None, launch: LogitsLaunch | None = None, fill_dead: bool = True):
+                  num_stages=None, prefetch=None, launch: LogitsLaunch | None = None, fill_dead: bool = True,
+                  kernel=None):
     """Indexer logits float32 [B, max_seq_len]; with ``fill_dead`` False only positions below each
     row's live pages are written (the rest of the row is left as allocated: what the top-k reads
     never goes there). ``launch`` defaults to LOGITS; ``nprog`` / ``num_stages`` / ``prefetch``
-    override single fields of it (prefetch False/True mean 0/1)."""
+    override single fields of it (prefetch False/True mean 0/1). ``kernel``: a jitted kernel with
+    _indexer_kernel's signature to launch instead (notebook 05's own copy)."""
     _check_q(q)
     if nprog is not None and nprog < 1:
         raise ValueError(f"nprog must be >= 1, got {nprog}")
@@ -231,7 +233,7 @@ def logits_triton(q, index_cache: IndexKCache, weights, seq_lens, page_table, ma
         launch = replace(launch, prefetch=int(prefetch))
     if launch.prefetch not in (0, 1, 2):
         raise ValueError(f"prefetch must be 0, 1 or 2, got {launch.prefetch}")
-    return _launch_logits(q, index_cache, weights, seq_lens, page_table, max_seq_len, launch, fill_dead, nprog)
+    return _launch_logits(q, index_cache, weights, seq_lens, page_table, max_seq_len, launch, fill_dead, nprog, kernel)
 
 
 def _check_q(q):
@@ -243,12 +245,13 @@ def _check_q(q):
                         f"cores), got {q.dtype}: cast it (q.to(torch.bfloat16) rounds it) or use impl='torch_fp32'")
 
 
-def _launch_logits(q, index_cache, weights, seq_lens, page_table, max_seq_len, launch, fill_dead, nprog=None):
+def _launch_logits(q, index_cache, weights, seq_lens, page_table, max_seq_len, launch, fill_dead, nprog=None,
+                   kernel=None):
     """logits_triton after its argument checks (the step calls it directly)."""
     out = alloc((q.shape[0], max_seq_len), torch.float32, q.device)
     if q.shape[0] > 0:
         _run_logits(_logits_plan(q, index_cache, weights, page_table, max_seq_len, launch, fill_dead, nprog),
-                    q, index_cache, weights, seq_lens, page_table, out)
+                    q, index_cache, weights, seq_lens, page_table, out, kernel)
     return out
 
 
@@ -261,10 +264,10 @@ def _logits_plan(q, index_cache, weights, page_table, max_seq_len, launch, fill_
                page_table.stride(0), max_seq_len), consts
 
 
-def _run_logits(plan, q, index_cache, weights, seq_lens, page_table, out):
+def _run_logits(plan, q, index_cache, weights, seq_lens, page_table, out, kernel=None):
     g, scalars, consts = plan
     fp8, f32 = index_cache.flat_views
-    launch_kernel(_indexer_kernel, g, (q, weights, fp8, f32, seq_lens, page_table, out, errors.word(q.device)),
+    launch_kernel(kernel or _indexer_kernel, g, (q, weights, fp8, f32, seq_lens, page_table, out, errors.word(q.device)),
                   scalars, consts)
 
 
@@ -281,7 +284,7 @@ def _logits_args(launch: LogitsLaunch, B, H, D, max_seq_len, page_size, nprog, f
 
 
 def topk_step(q, index_cache: IndexKCache, weights, seq_lens, page_table, max_seq_len: int, k: int, *,
-              launch: LogitsLaunch | None = None, topk_launch: TopkLaunch | None = None):
+              launch: LogitsLaunch | None = None, topk_launch: TopkLaunch | None = None, kernel=None):
     """The whole indexer step over the live context: logits of the live pages only (no -inf fill),
     then the exact top-k of topk.py over each row's live prefix. Two launches (three with
     the top-k's ``merge="launch"``), no host sync. Returns positions int32 [B, k]: ascending, ties
@@ -289,9 +292,11 @@ def topk_step(q, index_cache: IndexKCache, weights, seq_lens, page_table, max_se
     [0, max_seq_len] (both kernels), a request cut before its first live page id outside the cache
     (the logits kernel never reads such a page; the top-k stops before it), each flagged in the
     error word by the top-k. The arguments are taken as the API checked them: only what the
-    Triton kernels add (q's dtype and head count, k) is checked here."""
+    Triton kernels add (q's dtype and head count, k) is checked here. ``kernel``: the logits kernel to
+    launch instead of _indexer_kernel (as logits_triton)."""
     _check_q(q)
-    logits = _launch_logits(q, index_cache, weights, seq_lens, page_table, max_seq_len, launch or LOGITS, False)
+    logits = _launch_logits(q, index_cache, weights, seq_lens, page_table, max_seq_len, launch or LOGITS, False,
+                            kernel=kernel)
     return select(logits, seq_lens, k, topk_launch or TOPK, (page_table, index_cache.num_pages, index_cache.page_size))
 
 
