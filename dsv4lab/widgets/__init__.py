@@ -18,7 +18,7 @@ from .head_batched import (STORY_BLOCK_HS, explore_tiles, recorded_head_block, s
                            story_shape, tiles_view, time_story_live)
 from .heads_per_program import (HEADS_PER_PROGRAM, explore_heads_per_program, heads_per_program_table,  # noqa: F401
                                 heads_per_program_view, recorded_at_heads)
-from .hopper import explore_hopper, hopper_batch_view  # noqa: F401
+from .hopper import explore_hopper, hopper_batch_view, hopper_live_check  # noqa: F401
 from .indexer_max_context import (INDEXER_LIVE_IMPLS, explore_indexer_max, indexer_max_check,  # noqa: F401
                                   indexer_max_shape, indexer_max_view)
 from .indexer_step import (explore_indexer_step, indexer_step_check, indexer_step_shape,  # noqa: F401
