@@ -31,4 +31,4 @@ from .sensitivity import (explore_sensitivity, sensitivity_costs, sensitivity_gr
 from .split_k import (explore_split, recorded_tiles, split_check, split_shape, split_view,  # noqa: F401
                       time_split_live)
 from .split_k import _tile_config  # noqa: F401  (tests/test_runs.py rebuilds a sweep row's TileConfig with it)
-from .story_vs_lab import explore_story_vs_lab, story_row_view  # noqa: F401
+from .story_vs_lab import BRIDGED, bridge_gpus, explore_story_vs_lab, story_row_view  # noqa: F401
