@@ -2,11 +2,12 @@
 function returns the widget (an ``ipywidgets.interactive``), which also works headless: the view is drawn
 once on creation, so nbval can execute the cells without a frontend.
 
-Recorded numbers come from a table the notebook passes in (data/runs); on a CUDA
-GPU a "time live" box also times the selected configuration with dsv4lab.bench.
-Where a widget runs a kernel at its setting (notebooks 02 and 03), it does so in every
-mode: through Triton's interpreter at a small shape on a CPU, and checks the result
-against the float64 reference. Each widget's view is a plain function of its settings
+Recorded numbers come from a table the notebook passes in (data/runs). The widgets that run a kernel
+at their setting (notebooks 00 to 05) do so in every mode, through Triton's interpreter at a small
+shape on a CPU, check the result against the float64 reference, and on a CUDA GPU get a "time live"
+box that times the selected configuration with dsv4lab.bench. The later ones read recorded runs:
+06a's also runs two stages' tiny step now, 07's and 07a's compute from the recorded costs (the
+sensitivity, the bridge), and 08's checks the Hopper kernel itself where the process can run it. Each widget's view is a plain function of its settings
 (``tiles_view``, ``split_view``), which tests call at every setting.
 
 The notebooks, the tests and the README call ``widgets.<function>``: the names below are the
