@@ -155,10 +155,12 @@ def _bound_evidence(row: dict, impl: str, B: int, H: int, valid: int, ceilings: 
     return out
 
 
-def factors(results: dict, B: int | None = None) -> dict:
+def factors(results: dict, B: int | None = None, story_gpu: str = STORY_GPU) -> dict:
     """The bridge from the story's attention speedup to this run's S0 -> S1 decode speedup at the
     story's batch: per layer kind and for the whole step (``step``), each factor with its source, and
-    the same for the change in tok/s at C = 1 (``c1``). Empty when the run lacks the measurements."""
+    the same for the change in tok/s at C = 1 (``c1``). Empty when the run lacks the measurements.
+    ``story_gpu`` (a name in KNOWN_DEVICES with datasheet figures): the GPU the story's figures are taken
+    to come from; another one asks what the same published figures would imply had they come from it."""
     B = B or results.get("profile_batch", 32)
     dev = dict(results.get("environment", {}).get("device", {}))
     if not {BEFORE, AFTER} <= set(results.get("stages", {})):
@@ -172,12 +174,12 @@ def factors(results: dict, B: int | None = None) -> dict:
     i0, i1 = _impl(results, BEFORE), _impl(results, AFTER)
     if not all((i, b, k) in iso for i in (i0, i1) for b in (1, B) for k in KINDS if calls[k]):
         return dict(note="needs the isolated decode calls of both stages' impls at B = 1 and the story's batch")
-    here, story = spec(dev["name"]), spec(STORY_GPU)
+    here, story = spec(dev["name"]), spec(story_gpu)
     H = results["config"]["kernel_heads"]
     cfg = results["config"]
     valid = {"window": cfg["window"], "ratio 4": cfg["index_topk"], "ratio 128": cfg["live_context"] // 128}
     ceilings = results.get("ceilings") or {}
-    spec_src = f"datasheets (dsv4lab.device.KNOWN_DEVICES): {dev['name']}, {STORY_GPU}"
+    spec_src = f"datasheets (dsv4lab.device.KNOWN_DEVICES): {dev['name']}, {story_gpu}"
     kinds = []
     for k in KINDS:
         if not calls[k]:
@@ -236,7 +238,7 @@ def factors(results: dict, B: int | None = None) -> dict:
                 speedup_story_gpu_predicted=story_lab, factors=table, mixes=mixes,
                 equation="story's attention speedup x GPU factor x layer-mix factor x in-step factor x residue "
                          f"= this device's {BEFORE} -> {AFTER} decode speedup in the step (C = {B})")
-    return dict(batch=B, device=dev["name"], assumed=assumed, story_gpu=STORY_GPU, kinds=kinds, step=step,
+    return dict(batch=B, device=dev["name"], assumed=assumed, story_gpu=story_gpu, kinds=kinds, step=step,
                 c1=_c1_bridge(results, iso, calls, i0, i1, here, story))
 
 

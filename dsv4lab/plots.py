@@ -345,3 +345,40 @@ def hopper_timeline(ax, segments, clock_ghz=1.98):
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
     ax.legend(handles, list(colors), fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     return ax
+
+
+def story_timeline(ax, timeline, not_taken=()):
+    """The story's steps (dsv4lab.story.TIMELINE) left to right on one line, each with where the lab
+    replays it; the steps the story did not take (NOT_TAKEN) in grey below the line."""
+    import textwrap
+
+    def where(s):
+        return " · ".join(([", ".join(s.stages)] if s.stages else []) + [f"notebook {s.notebook}"])
+    for i, s in enumerate(timeline):
+        ax.plot(i, 0, "o", color="C0", ms=9)
+        ax.text(i, 0.15, textwrap.fill(s.what, 20), ha="center", va="bottom", fontsize=8)
+        ax.text(i, -0.15, textwrap.fill(where(s), 22), ha="center", va="top", fontsize=7, color="C0")
+    ax.plot([0, len(timeline) - 1], [0, 0], color="C0", lw=1.5, zorder=0)
+    step = (len(timeline) - 1) / max(1, len(not_taken))
+    for j, s in enumerate(not_taken):
+        x = step * (j + 0.5)
+        ax.plot(x, -0.8, "o", color="grey", ms=7, mfc="white")
+        ax.text(x, -0.95, textwrap.fill(f"{s.what}: {s.outcome}; the lab builds it: {where(s)}", 34),
+                ha="center", va="top", fontsize=7, color="grey")
+    ax.set_xlim(-0.7, len(timeline) - 0.3)
+    ax.set_ylim(-1.5, 0.65)
+    ax.axis("off")
+    return ax
+
+
+def index_row(ax, rows: dict):
+    """Horizontal bars on a log axis, one per labelled count (tokens, compressed positions, the index
+    row's width): how the words of the lab's vocabulary relate, drawn to scale."""
+    names = list(rows)[::-1]
+    ax.barh(names, [rows[n] for n in names], color=[f"C{i}" for i in range(len(names))][::-1])
+    for y, n in enumerate(names):
+        ax.text(rows[n], y, f" {rows[n]:,}", va="center", fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlim(1e3, max(rows.values()) * 8)
+    ax.tick_params(axis="y", labelsize=8)
+    return ax

@@ -46,18 +46,45 @@ def test_explore_stages_builds_at_the_profiled_batch(no_show):
 
 
 def test_story_row_view_every_figure(no_show, capsys):
+    """Every figure of the table: a bridged one gets its bridge computed from the record (the product of
+    its factors is the lab's measurement, whichever GPU the story's figures are taken to come from), any
+    other change its two factors and their ratio; every row prints its reasons."""
+    from dsv4lab import bridge
     table = report.story_vs_lab_table()
-    changes = 0
+    assert set(widgets.BRIDGED) <= set(table["figure"]), "a bridged figure was renamed in story_vs_lab_table"
+    drawn = 0
     for figure in table["figure"]:
-        row = widgets.story_row_view(table, figure)
+        row = widgets.story_row_view(table, figure, REC)
         assert row["figure"] == figure
-        changes += row["story x"] == row["story x"] and row["lab x"] == row["lab x"]
-    assert len(no_show) == changes > 0
+        if figure in widgets.BRIDGED:
+            assert row["product"] == pytest.approx(row["measured"])
+            recorded = REC["factors"][widgets.BRIDGED[figure]]["factors"]              # the record's bridge, recomputed
+            assert [(r["factor"], r["source"]) for r in row["bridge"]] == [(r["factor"], r["source"]) for r in recorded]
+            assert [r["value"] for r in row["bridge"]] == pytest.approx([r["value"] for r in recorded])
+        elif row["story x"] == row["story x"] and row["lab x"] == row["lab x"]:
+            assert row["lab_over_story"] == pytest.approx(row["lab x"] / row["story x"])
+        else:
+            continue
+        drawn += 1
+    assert len(no_show) == drawn > len(widgets.BRIDGED)
     out = capsys.readouterr().out
     assert out.count("why they differ:") == len(table)
+    for gpu in widgets.bridge_gpus():
+        row = widgets.story_row_view(table, "sparse-MLA decode kernel time, in the model", REC, gpu)
+        gpu_factor = next(r["value"] for r in row["bridge"] if r["factor"] == "GPU factor")
+        assert row["product"] == pytest.approx(row["measured"]) and row["story_gpu"] == gpu
+        if gpu == REC["environment"]["device"]["name"]:
+            assert gpu_factor == pytest.approx(1.0)           # the same GPU on both sides: nothing to move
+        if gpu == bridge.STORY_GPU:
+            assert gpu_factor == pytest.approx(by_factor(REC, "GPU factor"))
     with pytest.raises(ValueError, match="figure must be one of"):
         widgets.story_row_view(table, "no such figure")
-    widgets.explore_story_vs_lab(table)
+    ui = widgets.explore_story_vs_lab(table, REC)
+    assert [c.value for c in ui.children[:2]] == [next(iter(widgets.BRIDGED)), bridge.STORY_GPU]
+
+
+def by_factor(rec, name):
+    return next(r["value"] for r in rec["factors"]["step"]["factors"] if r["factor"] == name)
 
 
 # ---- notebook 07's sensitivity widget: the cost model over a replay's recorded per-layer costs ------

@@ -1,5 +1,6 @@
 """Notebook 08's widget at every recorded batch: the recorded times it shows are the run's, the
-launch and model follow hopper's split rule, and the live auto check passes."""
+launch and model follow hopper's split rule, and the live check runs the Hopper kernel itself where
+this process can (an sm_90 GPU), else says why not and checks what auto runs in its place."""
 import dsv4lab  # noqa: F401  (first: sets the mode before anything imports triton)
 import matplotlib
 import pytest
@@ -9,6 +10,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from dsv4lab import report, roofline, runs, widgets  # noqa: E402
 from dsv4lab.config import DSV4_FLASH  # noqa: E402
+from dsv4lab.registry import impl_info  # noqa: E402
 
 # the run the notebook reads, and run 1, whose split-K rows still carry their old name (auto)
 TIMES = report.hopper_time_rows(runs.experiment("hopper_decode", report.HOPPER_RUN)).astype({"B": int})
@@ -32,9 +34,12 @@ def test_hopper_batch_view_every_batch(B, no_show, capsys):
     assert got["tiles"] * got["nsplit"] * 64 >= DSV4_FLASH.topk > (got["tiles"] - 1) * got["nsplit"] * 64
     assert 0 < got["floor"]["floor_us"] < min(got["us"].values())
     assert got["live"]["ok"], got["live"]
+    can_run = impl_info("sparse_decode", "hopper").unavailable() is None
+    assert got["live"]["impl"] == ("hopper" if can_run else "auto")
     assert len(no_show) == 1
     out = capsys.readouterr().out
     assert f"B = {B}: hopper" in out and "within tolerance" in out
+    assert ("hopper cannot run in this process" in out) == (not can_run)
     assert f"auto runs {'hopper' if B >= 8 else 'splitk_auto'} there" in out
 
 

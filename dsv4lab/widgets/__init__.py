@@ -2,11 +2,12 @@
 function returns the widget (an ``ipywidgets.interactive``), which also works headless: the view is drawn
 once on creation, so nbval can execute the cells without a frontend.
 
-Recorded numbers come from a table the notebook passes in (data/runs); on a CUDA
-GPU a "time live" box also times the selected configuration with dsv4lab.bench.
-Where a widget runs a kernel at its setting (notebooks 02 and 03), it does so in every
-mode: through Triton's interpreter at a small shape on a CPU, and checks the result
-against the float64 reference. Each widget's view is a plain function of its settings
+Recorded numbers come from a table the notebook passes in (data/runs). The widgets that run a kernel
+at their setting (notebooks 00 to 05) do so in every mode, through Triton's interpreter at a small
+shape on a CPU, check the result against the float64 reference, and on a CUDA GPU get a "time live"
+box that times the selected configuration with dsv4lab.bench. The later ones read recorded runs:
+06a's also runs two stages' tiny step now, 07's and 07a's compute from the recorded costs (the
+sensitivity, the bridge), and 08's checks the Hopper kernel itself where the process can run it. Each widget's view is a plain function of its settings
 (``tiles_view``, ``split_view``), which tests call at every setting.
 
 The notebooks, the tests and the README call ``widgets.<function>``: the names below are the
@@ -18,7 +19,7 @@ from .head_batched import (STORY_BLOCK_HS, explore_tiles, recorded_head_block, s
                            story_shape, tiles_view, time_story_live)
 from .heads_per_program import (HEADS_PER_PROGRAM, explore_heads_per_program, heads_per_program_table,  # noqa: F401
                                 heads_per_program_view, recorded_at_heads)
-from .hopper import explore_hopper, hopper_batch_view  # noqa: F401
+from .hopper import explore_hopper, hopper_batch_view, hopper_live_check  # noqa: F401
 from .indexer_max_context import (INDEXER_LIVE_IMPLS, explore_indexer_max, indexer_max_check,  # noqa: F401
                                   indexer_max_shape, indexer_max_view)
 from .indexer_step import (explore_indexer_step, indexer_step_check, indexer_step_shape,  # noqa: F401
@@ -31,4 +32,4 @@ from .sensitivity import (explore_sensitivity, sensitivity_costs, sensitivity_gr
 from .split_k import (explore_split, recorded_tiles, split_check, split_shape, split_view,  # noqa: F401
                       time_split_live)
 from .split_k import _tile_config  # noqa: F401  (tests/test_runs.py rebuilds a sweep row's TileConfig with it)
-from .story_vs_lab import explore_story_vs_lab, story_row_view  # noqa: F401
+from .story_vs_lab import BRIDGED, bridge_gpus, explore_story_vs_lab, story_row_view  # noqa: F401

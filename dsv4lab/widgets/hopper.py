@@ -5,7 +5,7 @@ import ipywidgets as w
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from ..registry import registered
+from ..registry import impl_info, registered
 from ..stages import stage
 from .live import decode_floor, live_check, live_line, slider
 
@@ -18,11 +18,32 @@ def _kernels() -> tuple:
     return hopper, [stage(s).decode_impl for s in ("S2", "S1best")], auto.name
 
 
+def hopper_live_check(B: int) -> dict:
+    """The Hopper kernel itself run now at up to 3 requests of the model's 64 heads and a top-k of 80,
+    outputs poisoned, against the float64 reference, where this process can run it (an sm_90 GPU with
+    Gluon). Elsewhere it says why not, and checks what ``auto`` runs here in its place at a small
+    shape. Returns the live_check result with ``impl`` (what ran) and ``line`` (what a view prints)."""
+    hopper, _, auto = _kernels()
+    why = impl_info("sparse_decode", hopper).unavailable()
+    B_live = min(B, 3)
+    if why is None:
+        from ..kernels.decode.hopper import BLOCK_H
+        shape = (B_live, BLOCK_H, 80)
+        res = dict(live_check(hopper, *shape), impl=hopper)
+        return dict(res, line=live_line(res, hopper, shape))
+    shape = (B_live, 8, 80)
+    ran = impl_info("sparse_decode", auto).runs(*shape).name
+    res = dict(live_check(auto, *shape), impl=auto, hopper_unavailable=why)
+    return dict(res, line=f"live here: {hopper} cannot run in this process ({why}); in its place "
+                          + live_line(res, f"{auto} (runs {ran} here)", shape).removeprefix("live here "))
+
+
 def hopper_batch_view(times: pd.DataFrame, B: int, ceilings, model, budget: list[dict], cold_us: float = 1.1) -> dict:
     """What explore_hopper shows at batch ``B``: the recorded one-call graph times of hopper, splitk_auto,
     mma (and hopper with half the slices) beside the byte and matmul floors, the launch hopper ran
-    (slices, tiles a program) and the per-tile model's kernel time for it; then ``auto`` run now at
-    a tiny shape and checked against the float64 reference (hopper itself needs an sm_90 GPU)."""
+    (slices, tiles a program) and the per-tile model's kernel time for it; then the Hopper kernel itself run now and checked
+    against the float64 reference where this process can run it (hopper_live_check; elsewhere it
+    says why not and checks what ``auto`` runs in its place)."""
     from ..kernels.decode.auto import on_hopper
     from ..kernels.decode.hopper import BLOCK_N
     hopper, rivals, auto = _kernels()
@@ -53,9 +74,8 @@ def hopper_batch_view(times: pd.DataFrame, B: int, ceilings, model, budget: list
           f"{auto} runs {on_hopper(B, 64)} there on an sm_90 GPU")
     print(f"{hopper}'s launch: {B} x {nsplit} programs of {tiles} tile(s) of {BLOCK_N} tokens; "
           f"model: {cold_us:.1f} us cold first tile + {tiles} x {chain_us:.2f} us = {model_us:.1f} us of kernel")
-    B_live = min(B, 3)
-    live = live_check(auto, B_live, 8, 80)
-    print(live_line(live, auto, (B_live, 8, 80)))
+    live = hopper_live_check(B)
+    print(live["line"])
     return {"B": B, "us": us, "nsplit": nsplit, "tiles": tiles, "model_us": model_us, "floor": floor, "live": live}
 
 
