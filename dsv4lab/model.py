@@ -44,7 +44,7 @@ from torch.profiler import record_function
 from . import step_fused, step_glue
 from .cache import IndexKCache, KVCache, pack_index_k, pack_kv, page_bytes
 from .config import DATA_BYTES, HEAD_DIM, NUM_SCALES, SCALE_BYTES
-from .contracts import check_indexer_args, check_sparse_decode_args
+from .contracts import check_indexer_args, check_sink, check_sparse_decode_args
 from .device import torch_device
 from .kernels.step.mhc import mhc_sinkhorn
 from .kernels.step.moe import moe_grouped_gemm
@@ -284,6 +284,8 @@ class Model:
     def check(self, inp: StepInputs):
         """The argument checks the step skips (they read the GPU): once per batch, outside capture."""
         cfg = self.cfg
+        for lw in {id(w): w for w in self.weights}.values():
+            check_sink(lw.attn_sink, inp.q_pad, "sync")
         for c in self.caches:
             check_sparse_decode_args(inp.q_pad, c.window, inp.window_idx, inp.window_len, None, None)
             if c.ratio == 128:

@@ -57,7 +57,7 @@ RULES = [
     (BF16_GEMM, r"nvjet_|xmma_gemm|cutlass|gemv|gemmSN|gemmk1|splitKreduce|s16816gemm|(bf16|bfloat16).*gemm"),
     (TOPK, r"[Tt]op[Kk]|[Ss]ort|[Rr]adix|bitonic|KthValues|KthCounts|WithinKCounts"),
     # S5's fused glue (kernels/step/) by name, then torch's and Inductor's
-    (GLUE, r"^_(mhc_mix_partial|mhc_pre|mhc_post|attn_input|norm_rope|decode_epilogue|router|silu_mul|moe_sum"
+    (GLUE, r"^_(mhc_mix_partial|mhc_mix|mhc_combine_norm|mhc_post|attn_input|norm_rope|decode_epilogue|router|silu_mul|moe_sum"
            r"|cache_ids)_kernel$"
            r"|at::native|at_cuda_detail|elementwise|reduce_kernel|Memcpy|Memset|memcpy|_mhc_sinkhorn_kernel"
            r"|^exp2_kernel"

@@ -83,7 +83,9 @@ def attention(model, y, lw, c, inp, stage):
     elif c.ratio == 128:
         extra = dict(extra_k_cache=c.compressed, extra_indices=inp.c128_idx, extra_topk_length=inp.c128_len)
     with record_function(f"dsv4::decode[{stage.decode_impl},c{c.ratio}]"):
-        parts = sparse_decode_per_cache(inp.q_pad, c.window, inp.window_idx, inp.window_len, lw.attn_sink, HEAD_DIM,
+        # the sink is a weight, checked once (Model.check), not on every step: S4's per-step device check
+        # is 7 kernels a layer
+        parts = sparse_decode_per_cache(inp.q_pad, c.window, inp.window_idx, inp.window_len, None, HEAD_DIM,
                                         cfg.head_dim ** -0.5, **extra, impl=stage.decode_impl, checks="device")
     with record_function("dsv4::glue[decode_epilogue]"):
         o = decode_epilogue(parts, lw.attn_sink, cos, sin, cfg.local_heads)

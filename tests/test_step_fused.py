@@ -290,3 +290,13 @@ def test_s5_graph_replay_is_bitwise_the_eager_step():
         torch.cuda.synchronize()
         replayed = out.clone()
         assert torch.equal(replayed, m.step(inp, s5)) and torch.isfinite(replayed).all()
+
+
+def test_the_step_checks_its_sinks_once_outside_the_graph():
+    """S5 checks no sink inside the step (a weight, not an input): Model.check refuses a non-finite one."""
+    m = Model(CPU_MODEL)
+    inp = m.inputs(1)
+    m.check(inp)
+    m.weights[0].attn_sink[1] = float("nan")
+    with pytest.raises(ValueError, match=r"attn_sink\[1\]"):
+        m.check(inp)

@@ -1,6 +1,6 @@
-"""The mHC glue of one layer in three kernels (S5): the pre-linear's partial GEMM with the row's sum of
-squares, then one program a row for the mixing weights (Sinkhorn), the streams' combine and the RMS
-norm, and the post (new residual streams). S4 runs the same math as ~20 torch kernels a layer
+"""The mHC glue of one layer in four kernels (S5): the pre-linear's partial GEMM with the row's sum of
+squares, one program (one warp) a row for the mixing weights (Sinkhorn), one for the streams' combine
+and the RMS norm, and the post (new residual streams). S4 runs the same math as ~20 torch kernels a layer
 (step_glue.mhc_flat / mhc_combine / mhc_post, F.rms_norm, the GEMM, the Sinkhorn kernel)."""
 from __future__ import annotations
 
@@ -41,12 +41,11 @@ def _mhc_mix_partial_kernel(H, FN, PART, SQ, B, K, stride_hb, stride_fn, cols,
 
 
 @triton.jit
-def _mhc_pre_kernel(PART, SQ, SCALE, BASE, H, NORM_W, Y, POST, COMB, B, nsplit, K, D, stride_hb, stride_hn,
-                    stride_yb, eps_hc, eps_rms, HC: tl.constexpr, MIX_P: tl.constexpr, SPLIT_P: tl.constexpr,
-                    ITERS: tl.constexpr, SINKHORN: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One row b: mixes = (sum of the partials) * rsqrt(mean(h^2) + eps); pre = sigmoid + eps and, with
-    SINKHORN (a layer; the head has pre only), post = 2 sigmoid and the doubly stochastic comb, as
-    kernels/step/mhc.py; then y = rms_norm(sum_k pre[k] h[k]) * NORM_W, rounded once to bf16."""
+def _mhc_mix_kernel(PART, SQ, SCALE, BASE, PRE, POST, COMB, B, nsplit, K, eps_hc, eps_rms, HC: tl.constexpr,
+                    MIX_P: tl.constexpr, SPLIT_P: tl.constexpr, ITERS: tl.constexpr, SINKHORN: tl.constexpr):
+    """One row b (one warp: the 4 x 4 Sinkhorn is all reductions, which more warps only synchronize):
+    mixes = (sum of the partials) * rsqrt(mean(h^2) + eps); pre = sigmoid + eps and, with SINKHORN (a
+    layer; the head has pre only), post = 2 sigmoid and the doubly stochastic comb, as kernels/step/mhc.py."""
     b = tl.program_id(0)
     sp = tl.arange(0, SPLIT_P)
     j = tl.arange(0, HC)
@@ -56,7 +55,7 @@ def _mhc_pre_kernel(PART, SQ, SCALE, BASE, H, NORM_W, Y, POST, COMB, B, nsplit, 
     r = 1.0 / tl.sqrt(sq / K + eps_rms)
     s0 = tl.load(SCALE)
     raw = tl.sum(tl.load(PART + rows[:, None] + j[None, :], mask=live[:, None], other=0.0), axis=0) * r
-    pre = tl.sigmoid(raw * s0 + tl.load(BASE + j)) + eps_hc
+    tl.store(PRE + b * HC + j, tl.sigmoid(raw * s0 + tl.load(BASE + j)) + eps_hc)
     if SINKHORN:
         s1 = tl.load(SCALE + 1)
         s2 = tl.load(SCALE + 2)
@@ -74,7 +73,16 @@ def _mhc_pre_kernel(PART, SQ, SCALE, BASE, H, NORM_W, Y, POST, COMB, B, nsplit, 
             c = c / (tl.sum(c, axis=0)[None, :] + eps_hc)
         tl.store(POST + b * HC + j, post)
         tl.store(COMB + b * HC * HC + j[:, None] * HC + j[None, :], c)
-    # y = sum_k pre[k] h[k]: one pass for its norm, one to write it (h is re-read from L2)
+
+
+@triton.jit
+def _mhc_combine_norm_kernel(PRE, H, NORM_W, Y, D, stride_hb, stride_hn, stride_yb, eps_rms, HC: tl.constexpr,
+                             BLOCK_D: tl.constexpr):
+    """y = rms_norm(sum_k pre[k] h[k]) * NORM_W of row b, rounded once to bf16: one pass for the norm,
+    one to write it (h is re-read from L2)."""
+    b = tl.program_id(0)
+    j = tl.arange(0, HC)
+    pre = tl.load(PRE + b * HC + j)
     hrow = H + b.to(tl.int64) * stride_hb + j[:, None] * stride_hn
     ss = tl.zeros([BLOCK_D], dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):
@@ -130,38 +138,38 @@ def _check_streams(h, hc_fn):
                          f"got {list(hc_fn.shape)}")
 
 
+def _finish(h, hc_fn, hc_scale, hc_base, norm_w, iters, eps_hc, eps_rms, sinkhorn: bool):
+    B, n, D = h.shape
+    part, sq, nsplit, mix_p = _mix_partials(h, hc_fn)
+    pre = alloc((B, n), torch.float32, h.device)
+    post = alloc((B, n), torch.float32, h.device) if sinkhorn else pre
+    comb = alloc((B, n, n), torch.float32, h.device) if sinkhorn else pre
+    _mhc_mix_kernel[(B,)](part, sq, hc_scale, hc_base, pre, post, comb, B, nsplit, n * D, eps_hc, eps_rms, HC=n,
+                          MIX_P=mix_p, SPLIT_P=next_power_of_2(nsplit), ITERS=iters, SINKHORN=sinkhorn, num_warps=1)
+    y = alloc((B, D), torch.bfloat16, h.device)
+    _mhc_combine_norm_kernel[(B,)](pre, h, norm_w, y, D, h.stride(0), h.stride(1), y.stride(0), eps_rms, HC=n,
+                                   BLOCK_D=min(1024, next_power_of_2(D)), num_warps=4)
+    return y, post, comb
+
+
 def mhc_pre(h, hc_fn, hc_scale, hc_base, norm_w, iters: int, eps_hc: float, eps_rms: float):
     """A layer's mHC pre, fused: h bf16 [B, n, D] -> (y bf16 [B, D], post [B, n], comb [B, n, n] fp32);
     y = rms_norm(sum_k pre[k] h[k]) * norm_w, the mixing weights from hc_fn [(2+n)n, nD] as
-    step_glue.mhc_flat + the pre-linear + mhc.mhc_sinkhorn + step_glue.mhc_combine + rms_norm. Two
-    launches; hc_fn in the GEMM's dtype (bf16 from S3 on)."""
+    step_glue.mhc_flat + the pre-linear + mhc.mhc_sinkhorn + step_glue.mhc_combine + rms_norm. Three
+    launches (the partial pre-linear, the mixing weights, the combine and norm); hc_fn in the GEMM's
+    dtype (bf16 from S3 on)."""
     _check_streams(h, hc_fn)
     B, n, D = h.shape
     if hc_fn.shape[0] != (2 + n) * n:
         raise ValueError(f"hc_fn must have (2 + n) * n = {(2 + n) * n} rows for a layer, got {hc_fn.shape[0]}")
-    part, sq, nsplit, mix_p = _mix_partials(h, hc_fn)
-    y = alloc((B, D), torch.bfloat16, h.device)
-    post = alloc((B, n), torch.float32, h.device)
-    comb = alloc((B, n, n), torch.float32, h.device)
-    _mhc_pre_kernel[(B,)](part, sq, hc_scale, hc_base, h, norm_w, y, post, comb, B, nsplit, n * D, D,
-                          h.stride(0), h.stride(1), y.stride(0), eps_hc, eps_rms, HC=n, MIX_P=mix_p,
-                          SPLIT_P=next_power_of_2(nsplit), ITERS=iters, SINKHORN=True,
-                          BLOCK_D=min(1024, next_power_of_2(D)), num_warps=4)
-    return y, post, comb
+    return _finish(h, hc_fn, hc_scale, hc_base, norm_w, iters, eps_hc, eps_rms, sinkhorn=True)
 
 
 def mhc_head_pre(h, hc_fn, hc_scale, hc_base, norm_w, eps_hc: float, eps_rms: float):
     """The head's mHC pre, fused: pre = sigmoid(mixes * scale + base) + eps from hc_fn [n, nD], then
     y = rms_norm(sum_k pre[k] h[k]) * norm_w -> bf16 [B, D]."""
     _check_streams(h, hc_fn)
-    B, n, D = h.shape
-    part, sq, nsplit, mix_p = _mix_partials(h, hc_fn)
-    y = alloc((B, D), torch.bfloat16, h.device)
-    _mhc_pre_kernel[(B,)](part, sq, hc_scale, hc_base, h, norm_w, y, y, y, B, nsplit, n * D, D,
-                          h.stride(0), h.stride(1), y.stride(0), eps_hc, eps_rms, HC=n, MIX_P=mix_p,
-                          SPLIT_P=next_power_of_2(nsplit), ITERS=1, SINKHORN=False,
-                          BLOCK_D=min(1024, next_power_of_2(D)), num_warps=4)
-    return y
+    return _finish(h, hc_fn, hc_scale, hc_base, norm_w, 1, eps_hc, eps_rms, sinkhorn=False)[0]
 
 
 MHC_POST_BLOCK_D = 256
