@@ -130,9 +130,12 @@ def test_00_defines_the_timeline_stages_and_glossary_from_the_package():
     assert not missing, f"00's stored stage table lacks {missing}: re-execute notebook 00"
 
 
-@pytest.mark.parametrize("name", ["04_indexer_bf16_gemm.ipynb", "06_profile_shift_and_throughput.ipynb",
-                                  "07_story_vs_lab.ipynb", "08_beyond_the_story_hopper.ipynb"])
+NUMBERED = sorted(p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb") if not p.name.startswith("00_"))
+
+
+@pytest.mark.parametrize("name", NUMBERED)
 def test_notebooks_say_whose_step_and_link_the_timeline(name):
+    """Every numbered notebook after 00 opens with whose step it is, the timeline, the glossary and what it teaches."""
     first = "".join(_nb(name)["cells"][0]["source"])
     assert "**Whose step:**" in first and "00_setup_and_roofline.ipynb#Timeline" in first
     assert "00_setup_and_roofline.ipynb#Glossary" in first
