@@ -8,6 +8,19 @@ import triton.language as tl
 
 
 @triton.jit
+def sinkhorn(c, ITERS: tl.constexpr, eps):
+    """The stream-mixing logits [HC, HC] -> row softmax + eps, then alternate column / row normalizations
+    (ITERS column steps in all): a doubly stochastic matrix (S5's mixing kernel calls it too)."""
+    c = tl.exp(c - tl.max(c, axis=1)[:, None])
+    c = c / tl.sum(c, axis=1)[:, None] + eps
+    c = c / (tl.sum(c, axis=0)[None, :] + eps)
+    for _ in tl.static_range(ITERS - 1):
+        c = c / (tl.sum(c, axis=1)[:, None] + eps)
+        c = c / (tl.sum(c, axis=0)[None, :] + eps)
+    return c
+
+
+@triton.jit
 def _mhc_sinkhorn_kernel(MIX, SCALE, BASE, PRE, POST, COMB, HC: tl.constexpr, ITERS: tl.constexpr,
                          EPS: tl.constexpr):
     """One token row: mixes [(2 + HC) * HC] = [pre | post | comb] -> pre = sigmoid(.) + eps,
@@ -23,13 +36,7 @@ def _mhc_sinkhorn_kernel(MIX, SCALE, BASE, PRE, POST, COMB, HC: tl.constexpr, IT
     pre = tl.sigmoid(tl.load(base + j) * s0 + tl.load(BASE + j)) + EPS
     post = 2.0 * tl.sigmoid(tl.load(base + HC + j) * s1 + tl.load(BASE + HC + j))
     off = 2 * HC + j[:, None] * HC + j[None, :]
-    c = tl.load(base + off) * s2 + tl.load(BASE + off)
-    c = tl.exp(c - tl.max(c, axis=1)[:, None])
-    c = c / tl.sum(c, axis=1)[:, None] + EPS
-    c = c / (tl.sum(c, axis=0)[None, :] + EPS)
-    for _ in tl.static_range(ITERS - 1):
-        c = c / (tl.sum(c, axis=1)[:, None] + EPS)
-        c = c / (tl.sum(c, axis=0)[None, :] + EPS)
+    c = sinkhorn(tl.load(base + off) * s2 + tl.load(BASE + off), ITERS, EPS)
     tl.store(PRE + row * HC + j, pre)
     tl.store(POST + row * HC + j, post)
     tl.store(COMB + row * HC * HC + j[:, None] * HC + j[None, :], c)

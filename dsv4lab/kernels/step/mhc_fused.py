@@ -10,6 +10,7 @@ import triton.language as tl
 
 from ..buffers import alloc
 from ..launch import cdiv, dot_dtype, next_power_of_2
+from .mhc import sinkhorn
 from .rounding import rne_bf16
 
 #: columns of the flattened streams (n x hidden) one program of the pre-linear reads, and its tile
@@ -64,13 +65,7 @@ def _mhc_mix_kernel(PART, SQ, SCALE, BASE, PRE, POST, COMB, B, nsplit, K, eps_hc
         off = 2 * HC + j[:, None] * HC + j[None, :]
         raw = tl.sum(tl.load(PART + rows[:, None, None] + off[None, :, :], mask=live[:, None, None], other=0.0),
                      axis=0) * r
-        c = raw * s2 + tl.load(BASE + off)
-        c = tl.exp(c - tl.max(c, axis=1)[:, None])
-        c = c / tl.sum(c, axis=1)[:, None] + eps_hc
-        c = c / (tl.sum(c, axis=0)[None, :] + eps_hc)
-        for _ in tl.static_range(ITERS - 1):
-            c = c / (tl.sum(c, axis=1)[:, None] + eps_hc)
-            c = c / (tl.sum(c, axis=0)[None, :] + eps_hc)
+        c = sinkhorn(raw * s2 + tl.load(BASE + off), ITERS, eps_hc)
         tl.store(POST + b * HC + j, post)
         tl.store(COMB + b * HC * HC + j[:, None] * HC + j[None, :], c)
 
