@@ -166,6 +166,31 @@ def replay_shift_table(run: str = runs.REPLAY_RUN, before: str = "S0", after: st
                        story_of(r["kernel category"])] for r in rows))
 
 
+def after_the_story_table(run: str = runs.REPLAY_RUN, before: str = "S4", after: str = "S5") -> str:
+    """S4 (the story's last step) beside S5 (the glue fused): step ms and kernels a step at C = 1, tok/s at
+    each recorded C, how far above the byte floor, and the two stages' agreement on one path."""
+    d = runs.replay(run)
+    st = d["stages"]
+    if before not in st or after not in st:
+        return f"(the record `{run}` has no {before} and {after})"
+    floor = {r["C"]: r["floor_ms"] for r in d.get("byte_floor", {}).get("rows", [])}
+    cs = [r["C"] for r in st[after]["steps"]]
+
+    def row(name):
+        steps = {r["C"]: r for r in st[name]["steps"]}
+        kernels = sum(k["calls"] for k in st[name]["profiles"]["1"]["kernels"])
+        return [name, _fmt(steps[1]["step_ms"], 2), f"{kernels:,.0f}", *(_fmt(steps[c]["tok_s"]) for c in cs),
+                *(f"{steps[c]['step_ms'] / floor[c]:.1f}x" for c in (cs[0], cs[-1]) if c in floor)]
+    table = _markdown(["stage", "step ms C=1", "kernels a step C=1", *(f"tok/s C={c}" for c in cs),
+                       *(f"above the floor C={c}" for c in (cs[0], cs[-1]) if c in floor)], [row(before), row(after)])
+    agree = [a for a in d.get("stage_agreement", []) if "rel_err" in a]
+    if agree:
+        table += ("\n\n" + f"{after} against {before} on one path ({before}'s top-k and experts replayed): logits within "
+                  + ", ".join(f"{a['rel_err']:.3f} at C = {a['B']}" for a in agree)
+                  + f" of {before}'s (bound {agree[0]['tolerance']:.3f}).")
+    return table
+
+
 def bad_input_table() -> str:
     from . import bad_input
     return bad_input.render()
@@ -189,6 +214,7 @@ SECTIONS = {"decode-run": lambda: run_line("decode"), "decode-table": decode_run
             "story-vs-lab": lambda: story_vs_lab_markdown(),
             "replay-run": replay_run_line, "replay-throughput": replay_throughput_table,
             "replay-shift": replay_shift_table, "replay-devices": replay_devices_table, "bad-input": bad_input_table,
+            "after-the-story": after_the_story_table,
             "recorded-devices": recorded_devices}
 
 
