@@ -43,6 +43,7 @@ RUNNABLE = {
     "eager_host_path/per_caller.py": [],
     "compute_sanitizer/run.py": [],
     "other_gpus_compile/run.py": [],
+    "s5_fused_glue/per_op.py": [],
 }
 #: run in a process of their own: they compile (DSV4LAB_MODE=compile) instead of interpreting
 COMPILE_MODE = ("compiler_resource_report/resources.py", "other_gpus_compile/sm120_tiles.py")
