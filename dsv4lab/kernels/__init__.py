@@ -6,7 +6,7 @@
   launch configuration (``planning``: tiles, the launch-time model, launch options);
 * ``indexer/``: the lightning indexer (``fallback``: SGLang's torch path; ``triton_indexer``: the Triton
   indexer over the live pages and its step; ``topk``: the exact top-k) and its ``reference``;
-* ``step/``: the decode step's own kernels (dsv4lab.model: the mHC Sinkhorn, the MoE stand-in's GEMM);
+* ``step/``: the decode step's own kernels (dsv4lab.model: the mHC Sinkhorn, the MoE stand-in's GEMM; S5's fused glue);
 * shared by all: ``launch`` (launch_kernel), ``buffers`` (outputs, workspaces), ``rows`` (a row's
   length and the error word's bits), ``error_word`` (the word's GPU atomics) and ``guards`` (the ops'
   guards around every registered impl).
