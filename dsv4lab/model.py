@@ -140,6 +140,7 @@ class Model:
         self.caches = [self._caches(r, g) for r in ratios]
         self._glue = {name: getattr(step_glue, name) for name in GLUE}
         self._checked = False
+        self._fusions = frozenset(step_fused.FUSIONS)
         #: a FixedSelection (dsv4lab.step_compare) while two stages are compared on one path, else None
         self.selection = None
 
@@ -240,7 +241,7 @@ class Model:
 
     def step(self, inp: StepInputs, stage: Stage) -> torch.Tensor:
         """One decode step for inp.B requests -> logits float32 [B, local_vocab]."""
-        cfg, G = self.cfg, self._glue
+        cfg = self.cfg
         served = cfg.max_context if stage.max_context is None else stage.max_context
         if served != inp.max_context:
             raise ValueError(f"inputs were built for max_context {inp.max_context}, stage {stage.name} serves "
@@ -255,6 +256,27 @@ class Model:
             h = step_fused.layer(self, h, lw, c, inp, stage) if fused else self.layer(h, lw, c, inp, stage)
         if fused:
             return step_fused.head(self, h, stage)
+        return self.head(h, stage)
+
+    # --- S4's ops, part by part (S5 runs a part here when its fusion is off: step_fused.FUSIONS) --------
+    @property
+    def fusions(self) -> frozenset:
+        """The glue fusions S5's step runs (step_fused.FUSIONS, all by default); a name left out runs
+        S4's torch ops for that part. Assign any subset: ``model.fusions = {"mhc", "moe"}``."""
+        return self._fusions
+
+    @fusions.setter
+    def fusions(self, names):
+        if isinstance(names, str):
+            raise TypeError(f"fusions must be a set of names among {step_fused.FUSIONS}, got the string {names!r}")
+        names = frozenset(names)
+        unknown = names - set(step_fused.FUSIONS)
+        if unknown:
+            raise ValueError(f"unknown fusion(s) {sorted(unknown)}: fusions must be among {step_fused.FUSIONS}")
+        self._fusions = names
+
+    def head(self, h, stage: Stage):
+        cfg, G = self.cfg, self._glue
         with record_function("dsv4::head"):
             xf, mixes = self.mhc_pre_linear(h, self.hc_head_fn[stage.mhc_gemm], stage)
             pre = torch.sigmoid(mixes * self.hc_head_scale + self.hc_head_base) + cfg.hc_eps
@@ -269,76 +291,100 @@ class Model:
             mixes = F.linear(x.to(stage.mhc_dtype), hc_fn).float()
         return x, mixes * rsqrt
 
-    def layer(self, h, lw: LayerWeights, c: LayerCaches, inp: StepInputs, stage: Stage):
+    def mhc_pre(self, h, lw: LayerWeights, part: str, stage: Stage):
+        """The mHC before a sublayer (``part`` "attn" or "ffn") -> (its input y, post, comb)."""
         cfg, G = self.cfg, self._glue
         with record_function("dsv4::mhc"):
-            x, mixes = self.mhc_pre_linear(h, lw.hc_fn("attn", stage.mhc_dtype), stage)
+            x, mixes = self.mhc_pre_linear(h, lw.hc_fn(part, stage.mhc_dtype), stage)
             with record_function("dsv4::sinkhorn"):
-                pre, post, comb = mhc_sinkhorn(mixes, lw.hc_attn_scale, lw.hc_attn_base, cfg.hc_mult,
-                                               cfg.sinkhorn_iters, cfg.hc_eps)
-            y = G["rms_norm"](G["mhc_combine"](x, pre, cfg.hc_mult, h.dtype), lw.attn_norm, cfg.rms_eps)
-        o = self.attention(y, lw, c, inp, stage)
+                pre, post, comb = mhc_sinkhorn(mixes, getattr(lw, f"hc_{part}_scale"), getattr(lw, f"hc_{part}_base"),
+                                               cfg.hc_mult, cfg.sinkhorn_iters, cfg.hc_eps)
+            y = G["rms_norm"](G["mhc_combine"](x, pre, cfg.hc_mult, h.dtype), getattr(lw, f"{part}_norm"), cfg.rms_eps)
+        return y, post, comb
+
+    def mhc_post(self, o, h, post, comb):
         with record_function("dsv4::mhc"):
-            h = G["mhc_post"](o, h, post, comb)
-            x, mixes = self.mhc_pre_linear(h, lw.hc_fn("ffn", stage.mhc_dtype), stage)
-            with record_function("dsv4::sinkhorn"):
-                pre, post, comb = mhc_sinkhorn(mixes, lw.hc_ffn_scale, lw.hc_ffn_base, cfg.hc_mult,
-                                               cfg.sinkhorn_iters, cfg.hc_eps)
-            y = G["rms_norm"](G["mhc_combine"](x, pre, cfg.hc_mult, h.dtype), lw.ffn_norm, cfg.rms_eps)
-        o = self.moe(y, lw, inp)
-        with record_function("dsv4::mhc"):
-            return G["mhc_post"](o, h, post, comb)
+            return self._glue["mhc_post"](o, h, post, comb)
+
+    def layer(self, h, lw: LayerWeights, c: LayerCaches, inp: StepInputs, stage: Stage):
+        y, post, comb = self.mhc_pre(h, lw, "attn", stage)
+        h = self.mhc_post(self.attention(y, lw, c, inp, stage), h, post, comb)
+        y, post, comb = self.mhc_pre(h, lw, "ffn", stage)
+        return self.mhc_post(self.moe(y, lw, inp), h, post, comb)
+
+    def rope_tables(self, c: LayerCaches, inp: StepInputs):
+        base = self.cfg.compress_rope_theta if c.ratio else self.cfg.rope_theta
+        return inp.cos[base], inp.sin[base]
 
     def attention(self, y, lw: LayerWeights, c: LayerCaches, inp: StepInputs, stage: Stage):
+        cos, sin = self.rope_tables(c, inp)
+        q_lora, w = self.attn_input(y, lw, c, inp, cos, sin)
+        qi = self.query(q_lora, lw, c, inp, cos, sin)
+        extra = {}
+        if c.ratio == 4:
+            with record_function(f"dsv4::indexer[{stage.indexer_impl}]"):
+                top = self.indexer_topk(qi, c, w, inp, stage)
+            extra = dict(extra_k_cache=c.compressed, extra_indices=self.cache_ids(top, inp),
+                         extra_topk_length=inp.c4_topk_len)
+        elif c.ratio == 128:
+            extra = dict(extra_k_cache=c.compressed, extra_indices=inp.c128_idx, extra_topk_length=inp.c128_len)
+        return self.decode_out(lw, c, inp, stage, extra, cos, sin)
+
+    def attn_input(self, y, lw: LayerWeights, c: LayerCaches, inp: StepInputs, cos, sin):
+        """The input projection and what reads it before the query GEMM: the q LoRA norm; the kv's norm,
+        rope and fp8 bytes into the window cache; the compressors' rings; the indexer's weights (ratio 4)
+        -> (q_lora, indexer weights or None)."""
         cfg, G, B = self.cfg, self._glue, inp.B
-        base = cfg.compress_rope_theta if c.ratio else cfg.rope_theta
-        cos, sin = inp.cos[base], inp.sin[base]
         with record_function("dsv4::attn_proj"):
             qkv = F.linear(y, lw.wqkv_a)
             q_lora = G["rms_norm"](qkv[:, :cfg.q_lora_rank], lw.q_norm, cfg.rms_eps)
-            q = F.linear(q_lora, lw.wq_b).view(B, cfg.local_heads, cfg.head_dim)
-            q = G["rope"](G["rms_norm"](q, None, cfg.rms_eps), cos, sin)
             kv = G["rope"](G["rms_norm"](qkv[:, cfg.q_lora_rank:], lw.kv_norm, cfg.rms_eps), cos, sin)
             data, scales = G["kv_cache_bytes"](kv)
             flat = c.window.buffer.view(-1)
             flat[inp.window_data_off] = data
             flat[inp.window_scale_off] = scales
-            inp.q_pad[:, :cfg.local_heads].copy_(q)
-        extra = {}
         if c.ratio:
             with record_function("dsv4::compressor"):
                 ring = inp.ring_pos[cfg.ring_c4 if c.ratio == 4 else cfg.ring_c128]
                 c.state[torch.arange(B, device=y.device), ring] = F.linear(y, lw.compressor).float()
-        if c.ratio == 4:
-            top = self.indexer(y, q_lora, lw, c, inp, stage, cos, sin)
-            extra = dict(extra_k_cache=c.compressed, extra_indices=top, extra_topk_length=inp.c4_topk_len)
-        elif c.ratio == 128:
-            extra = dict(extra_k_cache=c.compressed, extra_indices=inp.c128_idx, extra_topk_length=inp.c128_len)
+        if c.ratio != 4:
+            return q_lora, None
+        with record_function("dsv4::indexer_proj"):
+            w = F.linear(y, lw.idx_proj).float() * (cfg.index_dim ** -0.5 * cfg.index_heads ** -0.5)
+            ring = inp.ring_pos[cfg.ring_c4]
+            c.index_state[torch.arange(B, device=y.device), ring] = F.linear(y, lw.idx_compressor).float()
+        return q_lora, w
+
+    def query(self, q_lora, lw: LayerWeights, c: LayerCaches, inp: StepInputs, cos, sin):
+        """The heads' query (norm, rope) into the padded query; the indexer's (rope) returned on ratio 4."""
+        cfg, G, B = self.cfg, self._glue, inp.B
+        with record_function("dsv4::attn_proj"):
+            q = F.linear(q_lora, lw.wq_b).view(B, cfg.local_heads, cfg.head_dim)
+            inp.q_pad[:, :cfg.local_heads].copy_(G["rope"](G["rms_norm"](q, None, cfg.rms_eps), cos, sin))
+        if c.ratio != 4:
+            return None
+        with record_function("dsv4::indexer_proj"):
+            return G["rope"](F.linear(q_lora, lw.idx_wq_b).view(B, cfg.index_heads, cfg.index_dim), cos, sin)
+
+    def cache_ids(self, top, inp: StepInputs):
+        """The indexer's top-k (logical compressed positions) -> the compressed cache's token ids."""
+        with record_function("dsv4::indexer_proj"):
+            rows = FULL_PAGE // 4
+            safe = top.clamp(min=0).long()
+            phys = inp.page_table.long().gather(1, safe // rows) * rows + safe % rows
+            return torch.where(top >= 0, phys, torch.full_like(phys, -1)).to(torch.int32)
+
+    def decode_out(self, lw: LayerWeights, c: LayerCaches, inp: StepInputs, stage: Stage, extra: dict, cos, sin):
+        """The sparse decode (merged over the caches, the sink applied), the inverse rope, wo_a and wo_b."""
+        cfg, B = self.cfg, inp.B
         with record_function(f"dsv4::decode[{stage.decode_impl},c{c.ratio}]"):
             o, _ = flash_mla_sparse_decode(inp.q_pad, c.window, inp.window_idx, inp.window_len, lw.attn_sink,
                                            HEAD_DIM, cfg.head_dim ** -0.5, **extra, impl=stage.decode_impl,
                                            checks="device")
         with record_function("dsv4::attn_proj"):
-            o = G["rope"](o[:, :cfg.local_heads], cos, sin, inverse=True)
+            o = self._glue["rope"](o[:, :cfg.local_heads], cos, sin, inverse=True)
             o = torch.einsum("bgd,grd->bgr", o.reshape(B, cfg.local_groups, -1), lw.wo_a)
             return F.linear(o.flatten(1), lw.wo_b)
-
-    def indexer(self, y, q_lora, lw, c: LayerCaches, inp: StepInputs, stage: Stage, cos, sin):
-        """The lightning indexer's top-k over the compressed cache, mapped to cache token ids."""
-        cfg, G, B = self.cfg, self._glue, inp.B
-        with record_function("dsv4::indexer_proj"):
-            qi = F.linear(q_lora, lw.idx_wq_b).view(B, cfg.index_heads, cfg.index_dim)
-            qi = G["rope"](qi, cos, sin)
-            w = F.linear(y, lw.idx_proj).float() * (cfg.index_dim ** -0.5 * cfg.index_heads ** -0.5)
-            ring = inp.ring_pos[cfg.ring_c4]
-            c.index_state[torch.arange(B, device=y.device), ring] = F.linear(y, lw.idx_compressor).float()
-        with record_function(f"dsv4::indexer[{stage.indexer_impl}]"):
-            top = self.indexer_topk(qi, c, w, inp, stage)
-        with record_function("dsv4::indexer_proj"):
-            rows = FULL_PAGE // 4                                     # logical position -> cache token id
-            safe = top.clamp(min=0).long()
-            phys = inp.page_table.long().gather(1, safe // rows) * rows + safe % rows
-            return torch.where(top >= 0, phys, torch.full_like(phys, -1)).to(torch.int32)
 
     def indexer_topk(self, qi, c: LayerCaches, w, inp: StepInputs, stage: Stage):
         """The stage's indexer top-k (or the one use_glue put in its place; a fixed selection's)."""
@@ -358,14 +404,24 @@ class Model:
             self.selection.seen(kind, chosen)
 
     def moe(self, y, lw: LayerWeights, inp: StepInputs):
-        cfg, G = self.cfg, self._glue
+        _, topw = self.router(y, lw)
+        return self.experts(y, lw, inp, topw)
+
+    def router(self, y, lw: LayerWeights):
+        """The router's GEMM and DSv4's routing -> (expert ids, their weights)."""
+        cfg = self.cfg
         with record_function("dsv4::moe_router"):
             logits = F.linear(y, lw.gate).float()
             fixed = self.fixed("route")
-            ids, topw = G["route"](logits, lw.gate_bias, cfg.active_experts, cfg.routed_scale, ids=fixed)
+            ids, topw = self._glue["route"](logits, lw.gate_bias, cfg.active_experts, cfg.routed_scale, ids=fixed)
             self.seen("route", ids, fixed)
+            return ids, topw
+
+    def experts(self, y, lw: LayerWeights, inp: StepInputs, topw, shared_up=None):
+        """The routed experts (dispatch, grouped GEMMs, weights, sum) and the shared expert, summed;
+        ``shared_up``: the shared expert's up projection when a GEMM made it already (S5's router's)."""
+        cfg, G = self.cfg, self._glue
         with record_function("dsv4::moe_experts"):
-            E, m = inp.moe_tok.shape
             xd = y[inp.moe_tok]                                           # [E, m, D] dispatch
             hmid = G["silu_mul"](moe_grouped_gemm(xd, lw.w13)).to(y.dtype)
             yd = moe_grouped_gemm(hmid, lw.w2)                             # [E, m, D] float32
@@ -373,5 +429,6 @@ class Model:
             out = torch.zeros(inp.B, cfg.hidden, dtype=torch.float32, device=y.device)
             out.index_add_(0, inp.moe_tok.flatten(), yd.flatten(0, 1))
         with record_function("dsv4::moe_shared"):
-            shared = F.linear(G["silu_mul"](F.linear(y, lw.shared_w13)), lw.shared_w2)
+            up = F.linear(y, lw.shared_w13) if shared_up is None else shared_up
+            shared = F.linear(G["silu_mul"](up), lw.shared_w2)
             return (out + shared.float()).to(y.dtype)

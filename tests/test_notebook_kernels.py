@@ -12,6 +12,7 @@ import pytest
 
 from dsv4lab.kernels.decode import head_batched, simt, split_k
 from dsv4lab.kernels.indexer import triton_indexer
+from dsv4lab.kernels.step import router
 
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 
@@ -22,6 +23,7 @@ CELL_KERNELS = [
     ("03_split_k.ipynb", "merge_partials", split_k.merge_partials),
     ("03_split_k.ipynb", "_combine_kernel", split_k._combine_kernel),
     ("05_triton_indexer.ipynb", "_indexer_kernel", triton_indexer._indexer_kernel),
+    ("09_after_the_story.ipynb", "_router_kernel", router._router_kernel),
 ]
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dsv4lab import step_glue
+from dsv4lab import step_fused, step_glue
 from dsv4lab.kernels.step import reference as R
 from dsv4lab.kernels.step.attn_input import attn_input
 from dsv4lab.kernels.step.cache_ids import cache_ids
@@ -262,7 +262,6 @@ def test_s5_step_equals_s4_within_the_rounding_bound(model, wide_model, B):
 def test_the_bound_catches_a_broken_kernel(model, monkeypatch):
     """The tolerance is no formality: the inverse rope left out of the decode epilogue (one wrong flag)
     moves the logits past it."""
-    from dsv4lab import step_fused
     from dsv4lab.kernels.step import decode_epilogue as DE
     real = DE._decode_epilogue_kernel
 
@@ -271,6 +270,39 @@ def test_the_bound_catches_a_broken_kernel(model, monkeypatch):
     monkeypatch.setattr(step_fused, "decode_epilogue", no_inverse)
     r = compare_stages(model, 2)
     assert real is DE._decode_epilogue_kernel and r["rel_err"] > 3 * r["tolerance"]
+
+
+@pytest.fixture
+def fusions_restored(model):
+    yield model
+    model.fusions = step_fused.FUSIONS
+
+
+@pytest.mark.parametrize("off", step_fused.FUSIONS)
+def test_each_fusion_off_still_agrees_with_s4(fusions_restored, off):
+    """One fusion switched off runs S4's torch ops for that part inside S5's step: still S4's step
+    within the rounding bound (the parts meet: a fused part beside an S4 one)."""
+    model = fusions_restored
+    model.fusions = set(step_fused.FUSIONS) - {off}
+    r = compare_stages(model, 2)
+    assert r["finite"] and r["rel_err"] < r["tolerance"]
+
+
+def test_every_fusion_off_is_s4_bit_for_bit(fusions_restored):
+    """With no fusion on, S5's step runs S4's ops in S4's order: the same logits, bit for bit (in the
+    interpreter; on a GPU the MoE sum's index_add_ adds in atomics' order, which varies run to run)."""
+    model = fusions_restored
+    model.fusions = ()
+    r = compare_stages(model, 2)
+    assert r["finite"] and (r["rel_err"] == 0.0 if model.device.type == "cpu" else r["rel_err"] < 1e-3)
+
+
+def test_an_unknown_fusion_is_refused(model):
+    with pytest.raises(ValueError, match=r"unknown fusion\(s\) \['mhc_pre'\].*must be among"):
+        model.fusions = {"mhc", "mhc_pre"}
+    with pytest.raises(TypeError, match="a set of names"):
+        model.fusions = "mhc"
+    assert model.fusions == frozenset(step_fused.FUSIONS)
 
 
 @pytest.mark.gpu

@@ -7,12 +7,15 @@ at their setting (notebooks 00 to 05) do so in every mode, through Triton's inte
 shape on a CPU, check the result against the float64 reference, and on a CUDA GPU get a "time live"
 box that times the selected configuration with dsv4lab.bench. The later ones read recorded runs:
 06a's also runs two stages' tiny step now, 07's and 07a's compute from the recorded costs (the
-sensitivity, the bridge), and 08's checks the Hopper kernel itself where the process can run it. Each widget's view is a plain function of its settings
+sensitivity, the bridge), 08's checks the Hopper kernel itself where the process can run it, and
+09's runs S5's step now with the fusions ticked (launches, logits against S4's; on a GPU a timing). Each widget's view is a plain function of its settings
 (``tiles_view``, ``split_view``), which tests call at every setting.
 
 The notebooks, the tests and the README call ``widgets.<function>``: the names below are the
 package's face.
 """
+from .after_the_story import (count_launches, explore_fusions, fusion_check, fusion_table,  # noqa: F401
+                              fusion_view, launches_per_layer)
 from .decode_step import (explore_stages, recorded_stage_table, stage_agreement, stage_pair_view,  # noqa: F401
                           tiny_batch, tiny_step)
 from .head_batched import (STORY_BLOCK_HS, explore_tiles, recorded_head_block, story_check,  # noqa: F401

@@ -38,9 +38,10 @@ def _router_kernel(LOGITS, BIAS, IDS_IN, IDS, W, E, stride_lb, scale, K: tl.cons
     tl.store(W + b * K + k, ws / tl.sum(ws, axis=0) * scale, mask=k < K)
 
 
-def route(logits, bias, k: int, scale: float, ids=None):
+def route(logits, bias, k: int, scale: float, ids=None, *, kernel=None):
     """logits [B, E] (rows contiguous; bf16 or float32), bias [E] float32 -> (ids int64 [B, k], weights
-    float32 [B, k]) as step_glue.route; ``ids`` [B, k] fixes the choice."""
+    float32 [B, k]) as step_glue.route; ``ids`` [B, k] fixes the choice. ``kernel``: another kernel with
+    _router_kernel's signature (notebook 09's copy), launched in its place."""
     B, E = logits.shape
     if logits.stride(1) != 1 or bias.shape != (E,):
         raise ValueError(f"logits must be [B, E={E}] with contiguous rows and bias [E], got {list(bias.shape)}")
@@ -51,6 +52,7 @@ def route(logits, bias, k: int, scale: float, ids=None):
     out_ids = alloc((B, k), torch.int64, logits.device)
     w = alloc((B, k), torch.float32, logits.device)
     if B:
-        _router_kernel[(B,)](logits, bias, out_ids if ids is None else ids, out_ids, w, E, logits.stride(0), scale,
-                             K=k, K_P=next_power_of_2(k), E_P=next_power_of_2(E), FIXED=ids is not None, num_warps=4)
+        (kernel or _router_kernel)[(B,)](logits, bias, out_ids if ids is None else ids, out_ids, w, E, logits.stride(0),
+                                         scale, K=k, K_P=next_power_of_2(k), E_P=next_power_of_2(E),
+                                         FIXED=ids is not None, num_warps=4)
     return out_ids, w
