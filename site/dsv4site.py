@@ -63,16 +63,32 @@ def _appendices(srcdir: Path, stem: str) -> list[str]:
     return sorted(p.stem for p in (srcdir / "notebooks").glob(f"{m.group(1)}[a-z]_*.ipynb"))
 
 
+#: a link into a notebook's section: JupyterLab names a heading's anchor by its text ("#Timeline"), MyST
+#: by its slug ("#timeline"); the notebooks keep JupyterLab's, the page gets MyST's
+SECTION_LINK = re.compile(r"(\.ipynb|\]\()#([A-Za-z0-9_-]+)")           # another notebook's, or this one's
+
+
+def _site_anchors(text: str) -> str:
+    return SECTION_LINK.sub(lambda m: f"{m.group(1)}#{m.group(2).lower()}", text)
+
+
 def notebook_for_the_page(nb: dict, stem: str, appendices: list[str]) -> dict:
-    """The notebook as the page shows it: widget views and their saved state dropped, the header
-    box under the title, a hidden toctree of its appendices at the end."""
+    """The notebook as the page shows it: widget views and their saved state dropped, links into other
+    notebooks' sections pointed at the page's anchors, the header box under the title, a hidden
+    toctree of its appendices at the end."""
     nb.get("metadata", {}).pop("widgets", None)
     widgets = 0
     for cell in nb["cells"]:
+        if cell.get("cell_type") == "markdown":
+            cell["source"] = _site_anchors(_cell_text(cell))
         if cell.get("cell_type") == "code":
             outputs = cell.get("outputs", [])
             cell["outputs"] = [o for o in outputs if WIDGET_VIEW not in o.get("data", {})]
             widgets += len(outputs) - len(cell["outputs"])
+            for o in cell["outputs"]:
+                md = o.get("data", {}).get("text/markdown")
+                if md is not None:
+                    o["data"]["text/markdown"] = _site_anchors("".join(md) if isinstance(md, list) else md)
     first = nb["cells"][0]
     text = _cell_text(first)
     if first.get("cell_type") == "markdown" and text.startswith("# "):
