@@ -63,17 +63,18 @@ class FixedSelection:
             self.recorded[kind].append(value.clone())
 
 
+def _written(c) -> list:
+    """What a step writes into a layer's caches: the window cache's new token, the compressor rings."""
+    return [t for t in (c.window.buffer, c.state, c.index_state) if t is not None]
+
+
 def _cache_state(model):
-    """Copies of everything a step writes (the window caches' new token, the compressor rings)."""
-    out = []
-    for c in model.caches:
-        out.append([t.clone() for t in (c.window.buffer, c.state, c.index_state) if t is not None])
-    return out
+    return [[t.clone() for t in _written(c)] for c in model.caches]
 
 
 def _restore(model, saved):
     for c, tensors in zip(model.caches, saved):
-        for dst, src in zip([t for t in (c.window.buffer, c.state, c.index_state) if t is not None], tensors):
+        for dst, src in zip(_written(c), tensors):
             dst.copy_(src)
 
 
