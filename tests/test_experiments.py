@@ -38,6 +38,7 @@ RUNNABLE = {
     "tile_sweep/tile_sweep.py": [],
     "sglang_patch/run.py": ["--cpu-smoke"],
     "eager_host_path/run.py": [],
+    "s5_fused_glue/moe_launch.py": [],
     "eager_host_path/host_python.py": ["--profile"],
     "eager_host_path/process_state.py": [],
     "eager_host_path/per_caller.py": [],

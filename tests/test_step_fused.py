@@ -194,8 +194,9 @@ def test_router_matches_the_torch_glue(E, k, dev):
     assert torch.equal(ids_f, fixed) and rel_err(w_f, step_glue.route(logits.float(), bias, k, 1.5, ids=fixed)[1]) < F32
 
 
-def test_moe_kernels_match_float64(dev):
-    B, K, I, D, E, M = 3, 96, 40, 72, 5, 3
+@pytest.mark.parametrize("K,up_n,split,down_n", [(96, 32, 1, 64), (300, 16, 3, 16), (300, 64, 2, 32)])
+def test_moe_kernels_match_float64(K, up_n, split, down_n, dev):
+    B, I, D, E, M = 3, 40, 72, 5, 3
     x = _bf(B, K, dev=dev)
     # the dispatch tables strided, as the step builds them (a transposed view): rows m of expert e apart
     tok = torch.randint(0, B, (M, E), device=dev).t()
@@ -204,8 +205,8 @@ def test_moe_kernels_match_float64(dev):
     w13, w2 = _bf(E + 1, K, 2 * I, dev=dev, scale=K ** -0.5), _bf(E + 1, I, D, dev=dev, scale=I ** -0.5)
     topw = torch.rand(B, 2, device=dev)
     with poisoned():
-        hmid = moe_up(x, tok, w13)
-        yd = moe_down(hmid, w2, topw, tok, col, valid)
+        hmid = moe_up(x, tok, w13, block_n=up_n, split=split)
+        yd = moe_down(hmid, w2, topw, tok, col, valid, block_n=down_n)
     a = torch.einsum("emk,ekn->emn", x[tok].double(), w13[:E].double())
     ref_h = F.silu(a[..., :I]) * a[..., I:]
     assert rel_err(hmid.float(), ref_h) < BF16_ONCE
@@ -224,6 +225,14 @@ def test_moe_kernels_match_float64(dev):
     with poisoned():
         s = silu_mul(g)
     assert rel_err(s.float(), F.silu(g[:, :I].double()) * g[:, I:].double()) < BF16_ONCE
+
+
+def test_moe_launch_options_are_checked(dev):
+    x, tok, w13 = _bf(2, 64, dev=dev), torch.zeros(1, 2, dtype=torch.int64, device=dev), _bf(1, 64, 32, dev=dev)
+    with pytest.raises(ValueError, match="block_n a power of two"):
+        moe_up(x, tok, w13, block_n=24)
+    with pytest.raises(ValueError, match="split must be >= 1"):
+        moe_up(x, tok, w13, split=0)
 
 
 def test_cache_ids_follow_the_page_table(dev):

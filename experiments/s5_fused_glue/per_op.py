@@ -5,14 +5,17 @@ kernel. Which wins per op, and by how much.
     python experiments/s5_fused_glue/per_op.py OUT.json [--batches 1 64] [--cpu-smoke]
 
 One layer of each kind of DeepSeek-V4-Flash's share (layers 1 / 1 / 1, the real widths); the inputs of
-each op built as the step builds them. Checks first: the fused and the compiled outputs against S4's
-(relative error; the caches' bytes equal). Then graph-replay times (do_bench median), the variants
-interleaved. --cpu-smoke: the CPU preset, no torch.compile (Inductor on a CPU needs a C++ toolchain and
-minutes a function) and no times.
+each op built as the step builds them. Checks first: every output of the fused and the compiled function
+against S4's (the largest relative error), and what an op writes into the caches (attn_input: the new
+token's fp8 bytes and scales, the state rings) cleared before each variant and compared with S4's bytes.
+The compiled function's first call (Inductor's compile) is timed apart. Then graph-replay times (do_bench
+median), the variants interleaved, the best of three passes. --cpu-smoke: the CPU preset, no
+torch.compile (Inductor on a CPU needs a C++ toolchain and minutes a function) and no times.
 """
 from dataclasses import replace
 
 import sys
+import time
 from pathlib import Path
 import dsv4lab  # noqa: F401  (first: it decides the mode before anything imports triton)
 import torch
@@ -31,7 +34,8 @@ QUESTION = "s5_fused_glue"
 
 
 def ops(m: Model, B: int) -> dict:
-    """op -> (S4's torch function, S5's fused function, the arguments both take)."""
+    """op -> (S4's torch function, S5's fused function, the arguments both take, what the op writes into
+    the caches: a function returning those tensors, and one clearing them; None for the others)."""
     cfg, S4 = m.cfg, stage("S4")
     i4 = m.ratios.index(4)
     lw, c = m.weights[i4], m.caches[i4]
@@ -77,6 +81,15 @@ def ops(m: Model, B: int) -> dict:
                                      inp.window_scale_off, q_lora=q0, eps=eps, state=c.state, ring=ring,
                                      index_state=c.index_state, index_ring=ring, index_heads=cfg.index_heads,
                                      index_scale=scale)
+
+    def cache_written():
+        return (flat[inp.window_data_off], flat[inp.window_scale_off], c.state[rows, ring], c.index_state[rows, ring])
+
+    def cache_clear():
+        flat[inp.window_data_off] = 0
+        flat[inp.window_scale_off] = 0
+        c.state[rows, ring] = float("nan")
+        c.index_state[rows, ring] = float("nan")
     H, heads = cfg.kernel_heads, cfg.local_heads
     o1, o2 = rnd(B, H, 512), rnd(B, H, 512)
     l1 = torch.randn(B, H, generator=g, device=m.device)
@@ -108,18 +121,36 @@ def ops(m: Model, B: int) -> dict:
                                 inp.moe_valid)
         return moe_fused.moe_combine(yd, inp.moe_rows, shared)
     return {
-        "mhc_pre": (mhc_pre_torch, mhc_pre_fused, (h,)),
-        "mhc_post": (step_glue.mhc_post, mhc_fused.mhc_post, (o, h, post, comb)),
-        "attn_input": (attn_input_torch, attn_input_fused, (p,)),
-        "decode_epilogue": (epilogue_torch, epilogue_fused, (o1, l1, o2, l2)),
+        "mhc_pre": (mhc_pre_torch, mhc_pre_fused, (h,), None),
+        "mhc_post": (step_glue.mhc_post, mhc_fused.mhc_post, (o, h, post, comb), None),
+        "attn_input": (attn_input_torch, attn_input_fused, (p,), (cache_written, cache_clear)),
+        "decode_epilogue": (epilogue_torch, epilogue_fused, (o1, l1, o2, l2), None),
         "router": (lambda x: step_glue.route(x.float(), lw.gate_bias, k, rs)[1],
-                   lambda x: router.route(x, lw.gate_bias, k, rs)[1], (logits,)),
-        "moe": (moe_torch, moe_fused_, (y, topw, shared)),
+                   lambda x: router.route(x, lw.gate_bias, k, rs)[1], (logits,), None),
+        "moe": (moe_torch, moe_fused_, (y, topw, shared), None),
     }
 
 
-def _first(x):
-    return x[0] if isinstance(x, tuple) else x
+def _outputs(fn, args, cache) -> tuple:
+    """fn's outputs (a tuple) and, for an op that writes the caches, the bytes it wrote (cleared first)."""
+    if cache:
+        cache[1]()
+    out = fn(*args)
+    out = out if isinstance(out, tuple) else (out,)
+    return tuple(t.clone() for t in out), (tuple(t.clone() for t in cache[0]()) if cache else ())
+
+
+def check(fn, args, cache, ref) -> dict:
+    """The largest relative error of fn's outputs against ``ref``'s (NaN fails), and how many cache bytes
+    differ from those ``ref`` wrote."""
+    out, written = _outputs(fn, args, cache)
+    errs = [rel_err(a.float(), b.float()) for a, b in zip(out, ref[0], strict=True)]
+    bad = [float(e) for e in errs if not e == e]
+    res = dict(rel_err_vs_torch=max(bad or [float(e) for e in errs]))
+    if cache:
+        res["cache_bytes_differ"] = sum(int((a.contiguous().view(torch.uint8) != b.contiguous().view(torch.uint8))
+                                            .sum()) for a, b in zip(written, ref[1], strict=True))
+    return res
 
 
 def main(argv=None):
@@ -128,16 +159,26 @@ def main(argv=None):
     m = Model(cfg)
     rows = []
     for B in ([2] if a.smoke else a.batches):
-        for name, (torch_fn, fused_fn, args) in ops(m, B).items():
+        for name, (torch_fn, fused_fn, args, cache) in ops(m, B).items():
             variants = {"torch": torch_fn, "fused": fused_fn}
             if not a.smoke:
                 variants["compiled"] = torch.compile(torch_fn, mode="default")
-            ref = _first(torch_fn(*args)).float()
+            ref = _outputs(torch_fn, args, cache)
+            checked = {}
             for v, fn in variants.items():
-                rows.append(ab.attempt(dict(op=name, B=B, variant=v),
-                                       lambda fn=fn: dict(rel_err_vs_torch=rel_err(_first(fn(*args)).float(), ref),
-                                                          graph_us=ab.time_us(lambda: fn(*args), a.smoke))))
-        ab.write(a.out, QUESTION, a.smoke, config=cfg.as_dict(), rows=rows, complete=False)
+                def first_call(fn=fn):
+                    t = time.perf_counter()
+                    res = check(fn, args, cache, ref)
+                    if not a.smoke:
+                        torch.cuda.synchronize()
+                    return dict(res, first_call_s=round(time.perf_counter() - t, 2))
+                checked[v] = ab.attempt(dict(op=name, B=B, variant=v), first_call, log=None)
+            ok = {v: fn for v, fn in variants.items() if "error" not in checked[v]}
+            timed = ab.best_of(3, ok, lambda fn: dict(graph_us=ab.time_us(lambda: fn(*args), a.smoke)))
+            for v in variants:
+                rows.append({**checked[v], **timed.get(v, {})})
+                print(rows[-1], flush=True)
+            ab.write(a.out, QUESTION, a.smoke, config=cfg.as_dict(), rows=rows, complete=False)
     ab.write(a.out, QUESTION, a.smoke, config=cfg.as_dict(), rows=rows, complete=True)
 
 

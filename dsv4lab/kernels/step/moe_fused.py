@@ -19,17 +19,21 @@ UP_BLOCK_N, UP_BLOCK_K, DOWN_BLOCK_N, BLOCK_K, COMBINE_BLOCK_D = 32, 128, 64, 64
 
 
 @triton.jit
-def _moe_up_kernel(X, TOK, W13, HMID, M, K, I, stride_xb, stride_te, stride_tm, stride_we, stride_wk, stride_he,
-                   stride_hm,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr):
-    """HMID[e, m, n] = silu(x[tok] @ W13[e][:, n]) * (x[tok] @ W13[e][:, I + n]) in bf16; x rows gathered."""
+def _moe_up_kernel(X, TOK, W13, HMID, PART, M, K, I, K_PER, stride_xb, stride_te, stride_tm, stride_we, stride_wk,
+                   stride_he, stride_hm,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+                   DOT: tl.constexpr):
+    """HMID[e, m, n] = silu(x[tok] @ W13[e][:, n]) * (x[tok] @ W13[e][:, I + n]) in bf16; x rows gathered.
+    With SPLIT > 1, program (e, n, s) sums K rows [s K_PER, (s + 1) K_PER) into PART[s, e, m, :] (gate,
+    then up; float32) and _moe_up_reduce_kernel finishes."""
     e = tl.program_id(0).to(tl.int64)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    s = tl.program_id(2)
     rm = tl.arange(0, BLOCK_M)
     tok = tl.load(TOK + e * stride_te + rm * stride_tm, mask=rm < M, other=0)
     gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(s * K_PER, tl.minimum(s * K_PER + K_PER, K), BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(X + tok[:, None] * stride_xb + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
         wm = (kk[:, None] < K) & (rn[None, :] < I)
@@ -37,9 +41,28 @@ def _moe_up_kernel(X, TOK, W13, HMID, M, K, I, stride_xb, stride_te, stride_tm, 
         wu = tl.load(W13 + e * stride_we + kk[:, None] * stride_wk + I + rn[None, :], mask=wm, other=0.0)
         gate = tl.dot(a.to(DOT), wg.to(DOT), gate)
         up = tl.dot(a.to(DOT), wu.to(DOT), up)
-    hmid = gate / (1.0 + tl.exp(-gate)) * up
-    tl.store(HMID + e * stride_he + rm[:, None] * stride_hm + rn[None, :], rne_bf16(hmid).to(HMID.dtype.element_ty),
-             mask=(rm[:, None] < M) & (rn[None, :] < I))
+    mask = (rm[:, None] < M) & (rn[None, :] < I)
+    if SPLIT == 1:
+        hmid = gate / (1.0 + tl.exp(-gate)) * up
+        tl.store(HMID + e * stride_he + rm[:, None] * stride_hm + rn[None, :],
+                 rne_bf16(hmid).to(HMID.dtype.element_ty), mask=mask)
+    else:
+        row = (s * tl.num_programs(0) + e) * M + rm                         # PART is [SPLIT, E, M, 2I]
+        tl.store(PART + row[:, None] * (2 * I) + rn[None, :], gate, mask=mask)
+        tl.store(PART + row[:, None] * (2 * I) + I + rn[None, :], up, mask=mask)
+
+
+@triton.jit
+def _moe_up_reduce_kernel(PART, HMID, EM, I, SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    """HMID[r] = bf16(silu(sum_s gate) * sum_s up) for row r = e M + m of PART [SPLIT, E M, 2I], s in order."""
+    r = tl.program_id(0).to(tl.int64)
+    n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    gate = tl.zeros([BLOCK], dtype=tl.float32)
+    up = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in tl.static_range(SPLIT):
+        gate += tl.load(PART + (s * EM + r) * (2 * I) + n, mask=n < I, other=0.0)
+        up += tl.load(PART + (s * EM + r) * (2 * I) + I + n, mask=n < I, other=0.0)
+    tl.store(HMID + r * I + n, rne_bf16(gate / (1.0 + tl.exp(-gate)) * up).to(HMID.dtype.element_ty), mask=n < I)
 
 
 @triton.jit
@@ -102,32 +125,42 @@ def silu_mul(x):
     return out
 
 
-def moe_up(x, tok, w13):
+def moe_up(x, tok, w13, *, block_n: int = UP_BLOCK_N, split: int = 1):
     """x bf16 [B, K], tok int64 [E, M] (the dispatch: row m of expert e is token tok[e, m]), w13 bf16
-    [E', K, 2I] -> bf16 [E, M, I]: silu(gate) * up of the gathered rows."""
+    [E', K, 2I] -> bf16 [E, M, I]: silu(gate) * up of the gathered rows. ``block_n`` columns of gate and of
+    up a program; ``split`` > 1 splits K over that many programs too (float32 partials, then one reduce
+    launch that applies the SiLU), for few experts' weights over many SMs."""
     E, M = tok.shape
     K, I2 = w13.shape[1], w13.shape[2]
     I = I2 // 2
+    if split < 1 or block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"split must be >= 1 and block_n a power of two >= 16, got split={split}, block_n={block_n}")
     hmid = alloc((E, M, I), torch.bfloat16, x.device)
-    _moe_up_kernel[(E, cdiv(I, UP_BLOCK_N))](
-        x, tok, w13, hmid, M, K, I, x.stride(0), tok.stride(0), tok.stride(1), w13.stride(0), w13.stride(1),
-        hmid.stride(0),
-        hmid.stride(1), BLOCK_M=max(16, next_power_of_2(M)), BLOCK_N=UP_BLOCK_N, BLOCK_K=UP_BLOCK_K, DOT=dot_dtype(),
-        num_warps=4, num_stages=3)
+    k_per = cdiv(cdiv(K, split), UP_BLOCK_K) * UP_BLOCK_K
+    split = cdiv(K, k_per)                       # no program without K rows
+    part = alloc((split, E, M, I2), torch.float32, x.device) if split > 1 else hmid
+    _moe_up_kernel[(E, cdiv(I, block_n), split)](
+        x, tok, w13, hmid, part, M, K, I, k_per, x.stride(0), tok.stride(0), tok.stride(1), w13.stride(0),
+        w13.stride(1), hmid.stride(0), hmid.stride(1), BLOCK_M=max(16, next_power_of_2(M)), BLOCK_N=block_n,
+        BLOCK_K=UP_BLOCK_K, SPLIT=split, DOT=dot_dtype(), num_warps=4, num_stages=3)
+    if split > 1 and E * M:
+        _moe_up_reduce_kernel[(E * M, cdiv(I, 256))](part, hmid, E * M, I, SPLIT=split, BLOCK=256, num_warps=4)
     return hmid
 
 
-def moe_down(hmid, w2, topw, tok, col, valid):
+def moe_down(hmid, w2, topw, tok, col, valid, *, block_n: int = DOWN_BLOCK_N):
     """hmid bf16 [E, M, I], w2 bf16 [E', I, D] -> float32 [E, M, D], each row times its token's router
-    weight topw[tok, col] (0 for padding rows, valid = 0)."""
+    weight topw[tok, col] (0 for padding rows, valid = 0); ``block_n`` output columns a program."""
+    if block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
     E, M, I = hmid.shape
     D = w2.shape[2]
     yd = alloc((E, M, D), torch.float32, hmid.device)
-    _moe_down_kernel[(E, cdiv(D, DOWN_BLOCK_N))](
+    _moe_down_kernel[(E, cdiv(D, block_n))](
         hmid, w2, topw, tok, col, valid, yd, M, I, D, hmid.stride(0), hmid.stride(1), w2.stride(0), w2.stride(1),
         yd.stride(0), yd.stride(1), tok.stride(0), tok.stride(1), col.stride(0), col.stride(1), valid.stride(0),
         valid.stride(1), topw.stride(0), BLOCK_M=max(16, next_power_of_2(M)),
-        BLOCK_N=DOWN_BLOCK_N, BLOCK_K=BLOCK_K, DOT=dot_dtype(), num_warps=4, num_stages=3)
+        BLOCK_N=block_n, BLOCK_K=BLOCK_K, DOT=dot_dtype(), num_warps=4, num_stages=3)
     return yd
 
 
