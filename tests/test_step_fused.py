@@ -15,6 +15,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dsv4lab import step_fused, step_glue
 from dsv4lab.kernels.step import reference as R
@@ -22,7 +24,7 @@ from dsv4lab.kernels.step.attn_input import attn_input
 from dsv4lab.kernels.step.cache_ids import cache_ids
 from dsv4lab.kernels.step.decode_epilogue import decode_epilogue
 from dsv4lab.kernels.step.mhc_fused import mhc_head_pre, mhc_post, mhc_pre
-from dsv4lab.kernels.step.moe_fused import moe_combine, moe_down, moe_up, silu_mul
+from dsv4lab.kernels.step.moe_fused import MAX_UP_SPLIT, moe_combine, moe_down, moe_launch, moe_up, silu_mul
 from dsv4lab.kernels.step.norm_rope import norm_rope, norm_rope_new
 from dsv4lab.kernels.step.router import route
 from dsv4lab.merged_decode import apply_sink, merge_by_lse
@@ -233,6 +235,13 @@ def test_moe_launch_options_are_checked(dev):
         moe_up(x, tok, w13, block_n=24)
     with pytest.raises(ValueError, match="split must be >= 1"):
         moe_up(x, tok, w13, split=0)
+
+
+@given(E=st.integers(1, 64), I=st.integers(1, 4096), D=st.integers(1, 8192), sms=st.integers(1, 256))
+def test_moe_launch_picks_valid_shapes_that_fill_at_most_the_chip_when_split(E, I, D, sms):
+    up_n, split, down_n = moe_launch(E, I, D, sms)
+    assert up_n in (64, 128) and down_n in (64, 128) and split in (1, 2, 4, MAX_UP_SPLIT)
+    assert split == 1 or split * E * -(-I // up_n) <= sms          # K is split only while the programs fit
 
 
 def test_cache_ids_follow_the_page_table(dev):

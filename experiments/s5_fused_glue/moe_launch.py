@@ -3,11 +3,12 @@ program's tile is (``block_n``) and, for the up GEMM, over how many programs K i
 second launch applies the SiLU). At C = 1 one expert's weights (8.9 MB up, 4.5 MB down) are read by
 17 (up, 32 wide) and 64 (down) programs on a 132-SM chip; at C = 64, 25 experts by 25 times as many.
 
-    python experiments/s5_fused_glue/moe_launch.py OUT.json [--batches 1 2 4 8 16 32 64 128] [--cpu-smoke]
+    python experiments/s5_fused_glue/moe_launch.py OUT.json [--batches 1 2 4 8 16 32 64] [--cpu-smoke]
 
 DeepSeek-V4-Flash's share (one layer), the dispatch tables as Model.inputs builds them. Checks first
 (every variant against S4's grouped GEMMs and SiLU, relative error); then graph-replay times (do_bench
-median), the variants interleaved, the best of two passes, and the bytes of weights read per us.
+median), the variants interleaved, the best of two passes, and the bytes of weights read per us; each row
+says whether it is the shape moe_fused.moe_launch picks.
 --cpu-smoke: the CPU preset, a few variants, no times.
 """
 from dataclasses import replace
@@ -19,6 +20,7 @@ import dsv4lab  # noqa: F401  (first: it decides the mode before anything import
 import torch
 
 from dsv4lab import step_glue
+from dsv4lab.kernels.decode.planning import sm_count
 from dsv4lab.kernels.step import moe, moe_fused
 from dsv4lab.model import CPU_MODEL, DSV4_FLASH_TP8, Model
 from dsv4lab.testing import rel_err
@@ -32,7 +34,7 @@ DOWN = [16, 32, 64, 128]                                    # block_n
 
 def main(argv=None):
     a = ab.parse_args(__doc__, lambda p: p.add_argument("--batches", type=int, nargs="+",
-                                                        default=[1, 2, 4, 8, 16, 32, 64, 128]), argv)
+                                                        default=[1, 2, 4, 8, 16, 32, 64]), argv)
     cfg = replace(CPU_MODEL if a.smoke else DSV4_FLASH_TP8, layers_window=1, layers_c4=0, layers_c128=0)
     m = Model(cfg)
     lw = m.weights[0]
@@ -57,8 +59,10 @@ def main(argv=None):
                                  log=None) for k, fn in variants.items()}
         ok = {k: fn for k, fn in variants.items() if "error" not in checked[k]}
         timed = ab.best_of(2, ok, lambda fn: dict(graph_us=ab.time_us(fn, a.smoke)))
+        rule = moe_fused.moe_launch(E, lw.w2.shape[1], lw.w2.shape[2], sm_count())
         for k in variants:
-            row = {**checked[k], **timed.get(k, {})}
+            row = {**checked[k], **timed.get(k, {}),
+                   "moe_launch_picks": k[1:] == (rule[:2] if k[0] == "up" else (rule[2], 1))}
             if row.get("graph_us"):
                 row["weights_GB_per_s"] = round((up_bytes if k[0] == "up" else down_bytes) / row["graph_us"] / 1e3, 1)
             rows.append(row)
