@@ -8,7 +8,7 @@ One layer of each kind of DeepSeek-V4-Flash's share (layers 1 / 1 / 1, the real 
 each op built as the step builds them. Checks first: every output of the fused and the compiled function
 against S4's (the largest relative error), and what an op writes into the caches (attn_input: the new
 token's fp8 bytes and scales, the state rings) cleared before each variant and compared with S4's bytes.
-The compiled function's first call (Inductor's compile) is timed apart; a second compiled variant rounds
+The device kernels of one call are counted (torch.profiler). The compiled function's first call (Inductor's compile) is timed apart; a second compiled variant rounds
 its intermediates to bf16 as eager does (Inductor's emulate_precision_casts). Then graph-replay times (do_bench
 median), the variants interleaved, the best of three passes. --cpu-smoke: the CPU preset, no
 torch.compile (Inductor on a CPU needs a C++ toolchain and minutes a function) and no times.
@@ -141,6 +141,17 @@ def _outputs(fn, args, cache) -> tuple:
     return tuple(t.clone() for t in out), (tuple(t.clone() for t in cache[0]()) if cache else ())
 
 
+def device_kernels(fn, args) -> int | None:
+    """The device kernels one eager call of fn launches (torch.profiler); None without a GPU."""
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn(*args)
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
 def check(fn, args, cache, ref) -> dict:
     """The largest relative error of fn's outputs against ``ref``'s (NaN fails), and how many cache bytes
     differ from those ``ref`` wrote."""
@@ -149,6 +160,7 @@ def check(fn, args, cache, ref) -> dict:
     bad = [float(e) for e in errs if not e == e]
     res = dict(rel_err_vs_torch=max(bad or [float(e) for e in errs]))
     if cache:
+        res["cache_bytes"] = sum(t.numel() * t.element_size() for t in written)
         res["cache_bytes_differ"] = sum(int((a.contiguous().view(torch.uint8) != b.contiguous().view(torch.uint8))
                                             .sum()) for a, b in zip(written, ref[1], strict=True))
     return res
@@ -176,7 +188,7 @@ def main(argv=None):
                     res = check(fn, args, cache, ref)
                     if not a.smoke:
                         torch.cuda.synchronize()
-                    return dict(res, first_call_s=round(time.perf_counter() - t, 2))
+                    return dict(res, first_call_s=round(time.perf_counter() - t, 2), kernels=device_kernels(fn, args))
                 checked[v] = ab.attempt(dict(op=name, B=B, variant=v), first_call, log=None)
             ok = {v: fn for v, fn in variants.items() if "error" not in checked[v]}
             timed = ab.best_of(3, ok, lambda fn: dict(graph_us=ab.time_us(lambda: fn(*args), a.smoke)))
