@@ -48,7 +48,7 @@ RULES = [
     (DECODE, r"_tiled_sparse_decode_kernel|_simt_decode_kernel|_head_batched_kernel|_story_kernel|_combine_kernel"
              r"|_hopper_decode_kernel"),
     (INDEXER, r"_indexer_kernel"),
-    (MOE, r"_moe_grouped_gemm_kernel|_moe_up_kernel|_moe_down_kernel"),
+    (MOE, r"_moe_grouped_gemm_kernel|_moe_up_kernel|_moe_up_reduce_kernel|_moe_down_kernel"),
     # fp32 GEMMs without TF32 run on CUDA cores: ffma xmma/cutlass SIMT kernels, sgemm, float gemv
     (FP32_GEMM, r"f32f32_f32f32|sgemm|_ffma|nvjet_sss|(gemv|gemmSN|gemmk1)\w*<(int, ?int, ?)?float\b"
                 r"|splitKreduce_kernel<[^>]*\bfloat, float, float, float\b"
