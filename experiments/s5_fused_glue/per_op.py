@@ -178,8 +178,8 @@ def main(argv=None):
                 variants["compiled"] = torch.compile(torch_fn, mode="default")
                 # Inductor keeps a fused op's intermediates in float32 where eager rounds them to bf16;
                 # this variant rounds them as eager does (is that why its bytes differ?)
-                variants["compiled_eager_rounding"] = torch.compile(torch_fn, mode="default",
-                                                                    options={"emulate_precision_casts": True})
+                variants["compiled_eager_rounding"] = torch.compile(   # mode "default" is the options' default
+                    torch_fn, options={"emulate_precision_casts": True})
             ref = _outputs(torch_fn, args, cache)
             checked = {}
             for v, fn in variants.items():
