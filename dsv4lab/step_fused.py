@@ -34,7 +34,7 @@ from .kernels.step.attn_input import attn_input
 from .kernels.step.cache_ids import cache_ids
 from .kernels.step.decode_epilogue import decode_epilogue
 from .kernels.step.mhc_fused import mhc_head_pre, mhc_post, mhc_pre
-from .kernels.step.moe_fused import moe_combine, moe_down, moe_launch, moe_up, silu_mul
+from .kernels.step.moe_fused import moe_combine, moe_routed, silu_mul
 from .kernels.step.norm_rope import norm_rope, norm_rope_new
 from .kernels.step.router import route
 from .merged_decode import sparse_decode_per_cache
@@ -141,9 +141,7 @@ def moe(model, y, lw, inp):
         up = F.linear(y, lw.shared_w13) if shared_up is None else shared_up
         shared = F.linear(silu_mul(up), lw.shared_w2)
     with record_function("dsv4::moe_experts"):
-        up_n, split, down_n = moe_launch(inp.moe_tok.shape[0], lw.w2.shape[1], lw.w2.shape[2], sm_count())
-        hmid = moe_up(y, inp.moe_tok, lw.w13, block_n=up_n, split=split)
-        yd = moe_down(hmid, lw.w2, topw, inp.moe_tok, inp.moe_col, inp.moe_valid, block_n=down_n)
+        yd = moe_routed(y, inp.moe_tok, inp.moe_col, inp.moe_valid, lw.w13, lw.w2, topw, sm_count())
     with record_function("dsv4::glue[moe_sum]"):
         return moe_combine(yd, inp.moe_rows, shared)
 

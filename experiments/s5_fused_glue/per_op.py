@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from dsv4lab import step_glue
+from dsv4lab.kernels.decode.planning import sm_count
 from dsv4lab.kernels.step import attn_input, decode_epilogue, mhc, mhc_fused, moe, moe_fused, router
 from dsv4lab.merged_decode import apply_sink, merge_by_lse
 from dsv4lab.model import CPU_MODEL, DSV4_FLASH_TP8, Model
@@ -118,8 +119,7 @@ def ops(m: Model, B: int) -> dict:
         return (out + shared.float()).to(bf)
 
     def moe_fused_(y, topw, shared):
-        yd = moe_fused.moe_down(moe_fused.moe_up(y, inp.moe_tok, lw.w13), lw.w2, topw, inp.moe_tok, inp.moe_col,
-                                inp.moe_valid)
+        yd = moe_fused.moe_routed(y, inp.moe_tok, inp.moe_col, inp.moe_valid, lw.w13, lw.w2, topw, sm_count())
         return moe_fused.moe_combine(yd, inp.moe_rows, shared)
     return {
         "mhc_pre": (mhc_pre_torch, mhc_pre_fused, (h,), None),

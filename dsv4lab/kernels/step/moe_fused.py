@@ -178,6 +178,13 @@ def moe_down(hmid, w2, topw, tok, col, valid, *, block_n: int = DOWN_BLOCK_N):
     return yd
 
 
+def moe_routed(x, tok, col, valid, w13, w2, topw, sms: int):
+    """moe_up then moe_down (float32 [E, M, D], each row times its router weight) in the launch shape
+    moe_launch picks for E = tok.shape[0] experts on ``sms`` SMs."""
+    up_n, split, down_n = moe_launch(tok.shape[0], w2.shape[1], w2.shape[2], sms)
+    return moe_down(moe_up(x, tok, w13, block_n=up_n, split=split), w2, topw, tok, col, valid, block_n=down_n)
+
+
 def moe_combine(yd, rows, shared):
     """yd float32 [E, M, D], rows int64 [B, S] (flat row e * M + m of each of token b's routed rows, -1
     past them), shared [B, D] (the shared expert) -> bf16 [B, D]."""
