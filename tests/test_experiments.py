@@ -39,6 +39,7 @@ RUNNABLE = {
     "sglang_patch/run.py": ["--cpu-smoke"],
     "eager_host_path/run.py": [],
     "s5_fused_glue/moe_launch.py": [],
+    "s5_fused_glue/step_s4_vs_s5.py": [],
     "eager_host_path/host_python.py": ["--profile"],
     "eager_host_path/process_state.py": [],
     "eager_host_path/per_caller.py": [],
