@@ -11,7 +11,8 @@ decode and indexer kernels S4's. A layer runs as ~30 launches where S4 runs ~190
     output             2 GEMMs (wo_a, wo_b)
     mHC post           1                                                                        mhc_fused.mhc_post
     MoE                1 GEMM router | shared up; 1 router; 1 shared SiLU; 1 GEMM shared down;
-                       up (gather + SiLU), down (router weight), sum with the shared expert     moe_fused
+                       up (gather + SiLU; K split over programs, + 1 reduce, when few experts
+                       are hit), down (router weight), sum with the shared expert              moe_fused
 The weights are S4's: the concatenated projections are one tensor whose slices are S4's weights
 (LayerWeights), so S4 and S5 read the same bytes. ``Model.step`` calls :func:`layer` and :func:`head`
 when ``stage.glue == "fused"``.
