@@ -128,7 +128,7 @@ def flash_mla_sparse_decode(q, k_cache, indices, topk_length, attn_sink, head_di
     elif "peer" in entry.tags:
         out, lse = _sglang(q3, parts, attn_sink, scale)
     else:
-        runs = [fn(q3, cache, idx, topk_len=tlen, sm_scale=scale, attn_sink=None) for cache, idx, tlen, _ in parts]
+        runs = _per_cache(fn, q3, parts, scale)
         out, lse = runs[0]
         if len(runs) == 2:
             out, lse = merge_by_lse(out, lse, *runs[1])
@@ -138,6 +138,11 @@ def flash_mla_sparse_decode(q, k_cache, indices, topk_length, attn_sink, head_di
     if q.dim() == 3:
         return out, lse
     return out.unsqueeze(1), lse.unsqueeze(-1)
+
+
+def _per_cache(fn, q3, parts, scale) -> list:
+    """(out, lse) of ``fn`` over each cache of ``parts``, no sink (it goes on after the merge)."""
+    return [fn(q3, cache, idx, topk_len=tlen, sm_scale=scale, attn_sink=None) for cache, idx, tlen, _ in parts]
 
 
 _NAMES = {"cache": "k_cache", "indices": "indices", "topk_len": "topk_length", "sm_scale": "softmax_scale"}
@@ -168,8 +173,12 @@ def sparse_decode_per_cache(q, k_cache, indices, topk_length, attn_sink, head_di
                                              impl, checks, None)
     if "peer" in entry.tags:
         raise ValueError(f"impl {impl!r} is a peer: its merge and sink are its own; use flash_mla_sparse_decode")
+    if attn_sink is not None:
+        raise ValueError("attn_sink must be None here: the per-cache outputs come without the sink, which the "
+                         "caller applies after the merge (decode_epilogue); pass it to flash_mla_sparse_decode "
+                         "to have it applied")
     if q3.shape[0] == 0:
         empty = (torch.zeros(0, q3.shape[1], HEAD_DIM, dtype=torch.bfloat16, device=q3.device),
                  torch.zeros(0, q3.shape[1], dtype=torch.float32, device=q3.device))
         return [empty for _ in parts]
-    return [entry.fn(q3, cache, idx, topk_len=tlen, sm_scale=scale, attn_sink=None) for cache, idx, tlen, _ in parts]
+    return _per_cache(entry.fn, q3, parts, scale)

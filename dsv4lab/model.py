@@ -320,15 +320,22 @@ class Model:
         cos, sin = self.rope_tables(c, inp)
         q_lora, w = self.attn_input(y, lw, c, inp, cos, sin)
         qi = self.query(q_lora, lw, c, inp, cos, sin)
-        extra = {}
+        ids = None
         if c.ratio == 4:
             with record_function(f"dsv4::indexer[{stage.indexer_impl}]"):
                 top = self.indexer_topk(qi, c, w, inp, stage)
-            extra = dict(extra_k_cache=c.compressed, extra_indices=self.cache_ids(top, inp),
-                         extra_topk_length=inp.c4_topk_len)
-        elif c.ratio == 128:
-            extra = dict(extra_k_cache=c.compressed, extra_indices=inp.c128_idx, extra_topk_length=inp.c128_len)
-        return self.decode_out(lw, c, inp, stage, extra, cos, sin)
+            ids = self.cache_ids(top, inp)
+        return self.decode_out(lw, c, inp, stage, self.extra_cache(c, inp, ids), cos, sin)
+
+    @staticmethod
+    def extra_cache(c: LayerCaches, inp: StepInputs, ids=None) -> dict:
+        """The decode's second cache of a compressed layer: ratio 4 the indexer's picks (``ids``, cache
+        token ids), ratio 128 every compressed token; none for a window-only layer."""
+        if c.ratio == 4:
+            return dict(extra_k_cache=c.compressed, extra_indices=ids, extra_topk_length=inp.c4_topk_len)
+        if c.ratio == 128:
+            return dict(extra_k_cache=c.compressed, extra_indices=inp.c128_idx, extra_topk_length=inp.c128_len)
+        return {}
 
     def attn_input(self, y, lw: LayerWeights, c: LayerCaches, inp: StepInputs, cos, sin):
         """The input projection and what reads it before the query GEMM: the q LoRA norm; the kv's norm,
@@ -392,15 +399,16 @@ class Model:
         top = fn(qi, c.index, w, inp.c4_len, inp.page_table, max_seq_len=inp.index_max_seq_len,
                  topk=self.cfg.index_topk)
         fixed = self.fixed("indexer")
-        self.seen("indexer", top, fixed)
+        self.seen("indexer", top)
         return top if fixed is None else fixed
 
     def fixed(self, kind: str):
         """The recorded choice a fixed selection replays here ("indexer" or "route"), else None."""
         return None if self.selection is None else self.selection.fixed(kind)
 
-    def seen(self, kind: str, chosen, fixed):
-        if self.selection is not None and fixed is None:
+    def seen(self, kind: str, chosen):
+        """Tell a fixed selection what this step chose (it records while recording, ignores while replaying)."""
+        if self.selection is not None:
             self.selection.seen(kind, chosen)
 
     def moe(self, y, lw: LayerWeights, inp: StepInputs):
@@ -414,7 +422,7 @@ class Model:
             logits = F.linear(y, lw.gate).float()
             fixed = self.fixed("route")
             ids, topw = self._glue["route"](logits, lw.gate_bias, cfg.active_experts, cfg.routed_scale, ids=fixed)
-            self.seen("route", ids, fixed)
+            self.seen("route", ids)
             return ids, topw
 
     def experts(self, y, lw: LayerWeights, inp: StepInputs, topw, shared_up=None):

@@ -281,6 +281,14 @@ def _no_fd2():
         os.close(saved)
 
 
+def device_kernel_count(fn) -> int:
+    """The device activities (kernels, memcpy, memset) one call of ``fn`` makes, profiled on a GPU."""
+    torch.cuda.synchronize()
+    with _no_fd2():
+        prof, _ = profile_runs(fn, 1)
+    return sum(1 for _ in _device_kernels(prof.events()))
+
+
 def op_breakdown(fn, region: str, categories=(GLUE, FP32_GEMM)) -> EagerBreakdown:
     """One eager call of ``fn`` inside the profiler region ``region`` (a ``dsv4::`` name the rules
     know, e.g. ``dsv4::indexer[torch_fp32]``: there a bmm counts as the FP32 GEMM) after one unprofiled

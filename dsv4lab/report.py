@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from . import runs
+from . import roofline, runs
 from .registry import registered
 from .stages import stage
 from .story_vs_lab import (HOPPER_RUN, STORY_DEVICE, hopper_time_rows,  # noqa: F401  (notebooks read them here)
@@ -173,19 +173,21 @@ def after_the_story_table(run: str = runs.REPLAY_RUN, before: str = "S4", after:
     st = d["stages"]
     if before not in st or after not in st:
         return f"(the record `{run}` has no {before} and {after})"
-    floor = {r["C"]: r["floor_ms"] for r in d.get("byte_floor", {}).get("rows", [])}
+    above = {(r["stage"], r["C"]): r["x_above_floor"] for r in roofline.above_floor(d)}
     cs = [r["C"] for r in st[after]["steps"]]
+    ends = [c for c in (cs[0], cs[-1]) if (after, c) in above]
 
     def row(name):
         steps = {r["C"]: r for r in st[name]["steps"]}
         kernels = sum(k["calls"] for k in st[name]["profiles"]["1"]["kernels"])
         return [name, _fmt(steps[1]["step_ms"], 2), f"{kernels:,.0f}", *(_fmt(steps[c]["tok_s"]) for c in cs),
-                *(f"{steps[c]['step_ms'] / floor[c]:.1f}x" for c in (cs[0], cs[-1]) if c in floor)]
+                *(f"{above[name, c]:.1f}x" for c in ends)]
     table = _markdown(["stage", "step ms C=1", "kernels a step C=1", *(f"tok/s C={c}" for c in cs),
-                       *(f"above the floor C={c}" for c in (cs[0], cs[-1]) if c in floor)], [row(before), row(after)])
+                       *(f"above the floor C={c}" for c in ends)], [row(before), row(after)])
     agree = [a for a in d.get("stage_agreement", []) if "rel_err" in a]
     if agree:
-        table += ("\n\n" + f"{after} against {before} on one path ({before}'s top-k and experts replayed): logits within "
+        table += ("\n\n" + f"{after} against {before} on one path ({before}'s top-k and experts replayed): "
+                  + "logits within "
                   + ", ".join(f"{a['rel_err']:.3f} at C = {a['B']}" for a in agree)
                   + f" of {before}'s (bound {agree[0]['tolerance']:.3f}).")
     return table

@@ -1,7 +1,7 @@
 """S5, after the story: the decode step with its glue fused into Triton kernels (kernels/step/), the
 decode and indexer kernels S4's. A layer runs as ~30 launches where S4 runs ~190:
 
-    mHC pre            2  partial pre-linear + (Sinkhorn, combine, RMS norm)          mhc_fused.mhc_pre
+    mHC pre            3  partial pre-linear; Sinkhorn (one warp); combine + RMS norm  mhc_fused.mhc_pre
     input projection   1  one GEMM: q LoRA | kv | compressor | indexer weights | indexer compressor
                        1  q LoRA norm; kv norm, rope, fp8 bytes into the window cache; state rings  attn_input
     query              1  one GEMM: the heads' q | the indexer's q
@@ -94,7 +94,7 @@ def attention(model, y, lw, c, inp, stage):
                       cos=cos, sin=sin, eps=cfg.rms_eps)
             qi = (norm_rope_new(q[:, heads_w:].view(B, cfg.index_heads, cfg.index_dim), cos=cos, sin=sin, norm=False)
                   if c.ratio == 4 else None)
-    extra = {}
+    ids = None
     if c.ratio == 4:
         with record_function(f"dsv4::indexer[{stage.indexer_impl}]"):
             top = model.indexer_topk(qi, c, idx_w, inp, stage)
@@ -103,9 +103,7 @@ def attention(model, y, lw, c, inp, stage):
         else:
             with record_function("dsv4::glue[cache_ids]"):
                 ids = cache_ids(top, inp.page_table, FULL_PAGE // 4)
-        extra = dict(extra_k_cache=c.compressed, extra_indices=ids, extra_topk_length=inp.c4_topk_len)
-    elif c.ratio == 128:
-        extra = dict(extra_k_cache=c.compressed, extra_indices=inp.c128_idx, extra_topk_length=inp.c128_len)
+    extra = model.extra_cache(c, inp, ids)
     if "decode_epilogue" not in on:
         return model.decode_out(lw, c, inp, stage, extra, cos, sin)
     with record_function(f"dsv4::decode[{stage.decode_impl},c{c.ratio}]"):
@@ -135,7 +133,7 @@ def moe(model, y, lw, inp):
         with record_function("dsv4::glue[router]"):
             fixed = model.fixed("route")
             ids, topw = route(g[:, :cfg.experts], lw.gate_bias, cfg.active_experts, cfg.routed_scale, ids=fixed)
-            model.seen("route", ids, fixed)
+            model.seen("route", ids)
     if "moe" not in on:
         return model.experts(y, lw, inp, topw, shared_up)
     with record_function("dsv4::moe_shared"):

@@ -27,10 +27,10 @@ from dsv4lab.kernels.step.mhc_fused import mhc_head_pre, mhc_post, mhc_pre
 from dsv4lab.kernels.step.moe_fused import MAX_UP_SPLIT, moe_combine, moe_down, moe_launch, moe_up, silu_mul
 from dsv4lab.kernels.step.norm_rope import norm_rope, norm_rope_new
 from dsv4lab.kernels.step.router import route
-from dsv4lab.merged_decode import apply_sink, merge_by_lse
+from dsv4lab.merged_decode import apply_sink, merge_by_lse, sparse_decode_per_cache
 from dsv4lab.model import CPU_MODEL, Model
 from dsv4lab.step_compare import compare_stages, tolerance
-from dsv4lab.testing import poisoned, rel_err
+from dsv4lab.testing import make_merged_decode_inputs, poisoned, rel_err
 
 BF16_ONCE = 4e-3
 F32 = 1e-5
@@ -350,3 +350,12 @@ def test_the_step_checks_its_sinks_once_outside_the_graph():
     m.weights[0].attn_sink[1] = float("nan")
     with pytest.raises(ValueError, match=r"attn_sink\[1\]"):
         m.check(inp)
+
+
+def test_per_cache_decode_refuses_a_sink_it_would_not_apply():
+    args = list(make_merged_decode_inputs(2, 4, 16, window_context=40, sink=True).sglang_args())
+    assert args[4] is not None                       # the sink, which the per-cache outputs leave out
+    with pytest.raises(ValueError, match="attn_sink must be None here"):
+        sparse_decode_per_cache(*args, impl="mma")
+    args[4] = None
+    assert len(sparse_decode_per_cache(*args, impl="mma")) == 1

@@ -69,16 +69,11 @@ def _triton_regions():
 def count_launches(fn) -> dict:
     """Launches of one call of ``fn``: {"triton", "torch", "total"} in the interpreter (the rule in the
     module's docstring), {"total"} device kernels on a GPU (after one call unprofiled)."""
-    from ..profile import _no_fd2
-    acts = [torch.profiler.ProfilerActivity.CPU]
+    from ..profile import _no_fd2, device_kernel_count
     fn()                                     # first-call work (a weight's bf16 copy, buffers) stays out
     if mode() == "cuda":
-        torch.cuda.synchronize()
-        with _no_fd2(), torch.profiler.profile(activities=acts + [torch.profiler.ProfilerActivity.CUDA]) as prof:
-            fn()
-            torch.cuda.synchronize()
-        return dict(total=sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA))
-    with _triton_regions(), _no_fd2(), torch.profiler.profile(activities=acts) as prof:
+        return dict(total=device_kernel_count(fn))
+    with _triton_regions(), _no_fd2(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         fn()
     ev = [e for e in prof.events() if e.device_type == DeviceType.CPU]
     triton = sum(1 for e in ev if e.name.startswith(_TRITON))

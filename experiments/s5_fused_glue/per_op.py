@@ -6,11 +6,13 @@ kernel. Which wins per op, and by how much.
 
 One layer of each kind of DeepSeek-V4-Flash's share (layers 1 / 1 / 1, the real widths); the inputs of
 each op built as the step builds them. Checks first: every output of the fused and the compiled function
-against S4's (the largest relative error), and what an op writes into the caches (attn_input: the new
-token's fp8 bytes and scales, the state rings) cleared before each variant and compared with S4's bytes.
-The device kernels of one call are counted (torch.profiler). The compiled function's first call (Inductor's compile) is timed apart; a second compiled variant rounds
-its intermediates to bf16 as eager does (Inductor's emulate_precision_casts). Then graph-replay times (do_bench
-median), the variants interleaved, the best of three passes. --cpu-smoke: the CPU preset, no
+against S4's (the largest relative error; S5's within OUT_TOL, its outputs poisoned first), and what an
+op writes into the caches (attn_input: the new token's fp8 bytes and scales, the state rings) cleared
+before each variant and compared with S4's bytes. The device kernels of one call are counted
+(profile.device_kernel_count). The compiled function's first call (Inductor's compile) is timed apart; a
+second compiled variant rounds its intermediates to bf16 as eager does (Inductor's
+emulate_precision_casts). Then graph-replay times (do_bench median), the variants interleaved, the best of
+three passes. --cpu-smoke: the CPU preset, no
 torch.compile (Inductor on a CPU needs a C++ toolchain and minutes a function) and no times.
 """
 from dataclasses import replace
@@ -28,7 +30,8 @@ from dsv4lab.kernels.step import attn_input, decode_epilogue, mhc, mhc_fused, mo
 from dsv4lab.merged_decode import apply_sink, merge_by_lse
 from dsv4lab.model import CPU_MODEL, DSV4_FLASH_TP8, Model
 from dsv4lab.stages import stage
-from dsv4lab.testing import rel_err
+from dsv4lab.profile import device_kernel_count
+from dsv4lab.testing import OUT_TOL, poisoned, rel_err
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # experiments/: ab.py, what the scripts share
 import ab  # noqa: E402
 
@@ -133,32 +136,21 @@ def ops(m: Model, B: int) -> dict:
 
 
 def _outputs(fn, args, cache) -> tuple:
-    """fn's outputs (a tuple) and, for an op that writes the caches, the bytes it wrote (cleared first)."""
+    """fn's outputs (a tuple; a fused kernel's poisoned first) and, for an op that writes the caches, the
+    bytes it wrote (cleared first)."""
     if cache:
         cache[1]()
-    out = fn(*args)
+    with poisoned():
+        out = fn(*args)
     out = out if isinstance(out, tuple) else (out,)
     return tuple(t.clone() for t in out), (tuple(t.clone() for t in cache[0]()) if cache else ())
 
 
-def device_kernels(fn, args) -> int | None:
-    """The device kernels one eager call of fn launches (torch.profiler); None without a GPU."""
-    if not torch.cuda.is_available():
-        return None
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn(*args)
-        torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
-
-
 def check(fn, args, cache, ref) -> dict:
-    """The largest relative error of fn's outputs against ``ref``'s (NaN fails), and how many cache bytes
-    differ from those ``ref`` wrote."""
+    """The largest relative error of fn's outputs against ``ref``'s (inf for a NaN), and how many cache
+    bytes differ from those ``ref`` wrote."""
     out, written = _outputs(fn, args, cache)
-    errs = [rel_err(a.float(), b.float()) for a, b in zip(out, ref[0], strict=True)]
-    bad = [float(e) for e in errs if not e == e]
-    res = dict(rel_err_vs_torch=max(bad or [float(e) for e in errs]))
+    res = dict(rel_err_vs_torch=max(rel_err(a.float(), b.float()) for a, b in zip(out, ref[0], strict=True)))
     if cache:
         res["cache_bytes"] = sum(t.numel() * t.element_size() for t in written)
         res["cache_bytes_differ"] = sum(int((a.contiguous().view(torch.uint8) != b.contiguous().view(torch.uint8))
@@ -188,10 +180,15 @@ def main(argv=None):
                     res = check(fn, args, cache, ref)
                     if not a.smoke:
                         torch.cuda.synchronize()
-                    return dict(res, first_call_s=round(time.perf_counter() - t, 2), kernels=device_kernels(fn, args))
+                    return dict(res, first_call_s=round(time.perf_counter() - t, 2),
+                                kernels=None if a.smoke else device_kernel_count(lambda: fn(*args)))
                 checked[v] = ab.attempt(dict(op=name, B=B, variant=v), first_call, log=None)
+            fused = checked["fused"]
+            if "error" not in fused:     # S5's kernel: S4's answer within OUT_TOL, S4's cache bytes exactly
+                fused["ok"] = fused["rel_err_vs_torch"] <= OUT_TOL and not fused.get("cache_bytes_differ")
             ok = {v: fn for v, fn in variants.items() if "error" not in checked[v]}
-            timed = ab.best_of(3, ok, lambda fn: dict(graph_us=ab.time_us(lambda: fn(*args), a.smoke)))
+            timed = ab.best_of(1 if a.smoke else 3, ok,
+                               lambda fn: dict(graph_us=ab.time_us(lambda: fn(*args), a.smoke)))
             for v in variants:
                 rows.append({**checked[v], **timed.get(v, {})})
                 print(rows[-1], flush=True)

@@ -39,7 +39,10 @@ def main(argv=None):
     batches = [2] if a.smoke else a.batches
     res = dict(config=m.cfg.as_dict(), compare=[], rows=[], profiles={})
     for B in batches:
-        res["compare"].append(ab.attempt(dict(B=B), lambda B=B: compare_stages(m, B)))
+        row = ab.attempt(dict(B=B), lambda B=B: compare_stages(m, B))
+        if "error" not in row:
+            row["ok"] = row["finite"] and row["rel_err"] < row["tolerance"]
+        res["compare"].append(row)
         ab.write(a.out, QUESTION, a.smoke, **res, complete=False)
     for C in batches:
         fns = {}
@@ -49,7 +52,9 @@ def main(argv=None):
             fns[name] = lambda inp=inp, s=stage(name): m.step(inp, s)
         if a.smoke:
             for name, fn in fns.items():
-                res["rows"].append(dict(stage=name, C=C, finite=bool(torch.isfinite(fn()).all())))
+                finite = bool(torch.isfinite(fn()).all())
+                res["rows"].append(dict(stage=name, C=C, finite=finite, ok=finite and all(
+                    r.get("ok") for r in res["compare"] if r["B"] == C)))
             continue
         from dsv4lab.replay.measure import replay_ms
         graphs = {name: bench.capture(fn) for name, fn in fns.items()}
@@ -67,7 +72,7 @@ def main(argv=None):
                                      replay_equals_eager_bitwise=bool(torch.equal(rep, fns[name]()))))
             print({k: v for k, v in res["rows"][-1].items() if k != "step_ms_all"}, flush=True)
             res["profiles"][f"{name}/{C}"] = profile_summary(m, fns[name], g, C)
-        graphs = None
+        graphs = g = out = None               # the last graph's pool too
         torch.cuda.empty_cache()
         ab.write(a.out, QUESTION, a.smoke, **res, complete=False)
     ab.write(a.out, QUESTION, a.smoke, **res, complete=True)
